@@ -1,0 +1,16 @@
+// Poisson regression with a log link (poisson_log_glm).
+data {
+  int<lower=0> N;
+  int<lower=1> K;
+  matrix[N, K] X;
+  array[N] int<lower=0> y;
+}
+parameters {
+  real alpha;
+  vector[K] beta;
+}
+model {
+  alpha ~ normal(0, 2.5);
+  beta ~ normal(0, 1);
+  y ~ poisson_log_glm(X, alpha, beta);
+}

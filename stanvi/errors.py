@@ -1,0 +1,55 @@
+"""The exception types stanvi raises: one per kind of failure (DESIGN.md, "Conventions").
+
+Every exception carries a message meant for a person: what went wrong, where, and (for Stan)
+the compiler's or the model's own words.
+"""
+
+from __future__ import annotations
+
+
+class StanviError(Exception):
+    """Base class of every error stanvi raises on purpose."""
+
+
+class ToolchainError(StanviError):
+    """The Stan toolchain (stanc, headers, a C++ compiler) is missing or broken."""
+
+
+class StanCompileError(StanviError):
+    """A `.stan` file did not compile.
+
+    Attributes:
+        path: the `.stan` file (or None for code given as a string).
+        line, column: where stanc located the problem, when it said so.
+        stanc_message: stanc's own message, unchanged.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 column: int | None = None, stanc_message: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+        self.column = column
+        self.stanc_message = stanc_message
+
+
+class StanDataError(StanviError):
+    """The data do not fit the model: a variable is missing, mis-shaped, of the wrong type,
+    or violates its declared constraint.
+
+    Attributes:
+        variable: the Stan data variable named by Stan's message, when it names one.
+    """
+
+    def __init__(self, message: str, *, variable: str | None = None) -> None:
+        super().__init__(message)
+        self.variable = variable
+
+
+class ModelEvaluationError(StanviError):
+    """The model threw while evaluating its log density (or gradient, HVP, constrain) at a point:
+    a domain error, a `reject()` statement, an out-of-support value."""
+
+
+class VIError(StanviError):
+    """A variational method cannot proceed (zero-parameter model, every draw failed, ...)."""

@@ -1,0 +1,58 @@
+"""The compile cache: where model libraries, precompiled headers and the glue object live.
+
+Layout under the cache root (``$STANVI_CACHE_DIR``, else ``$XDG_CACHE_HOME/stanvi``, else
+``~/.cache/stanvi``)::
+
+    <root>/<toolchain fingerprint>/
+        exact/  fd/               one directory per flag set (exact nested-AD HVP, finite differences)
+            stanvi_pch.hpp(.gch)  precompiled stan/model/model_header.hpp (~800 MB, built once)
+            stanvi_bridge.o       the glue, compiled once and linked into every model
+        models/<name>-<key>/      one model library; <key> hashes the model code and its name
+            model.stan, model.hpp, lib<name>.so, build.json (written last: the entry is complete)
+        locks/                    file locks, one per artifact
+
+Entries are content-addressed, so an edited `.stan` file gets a new directory and a new library
+path (a process never dlopens a stale library).  Every artifact is built under a file lock and
+renamed into place, so concurrent compiles of the same model (threads or processes) are safe, and
+an entry whose library is missing or does not match the hash recorded in build.json is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from filelock import FileLock
+
+
+def cache_root() -> Path:
+    """The cache root directory (created if needed)."""
+    env = os.environ.get("STANVI_CACHE_DIR")
+    if env:
+        root = Path(env)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = Path(base) / "stanvi"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def lock_for(toolchain_dir: Path, name: str) -> FileLock:
+    """A process- and thread-safe lock for the artifact ``name`` under one toolchain directory."""
+    locks = toolchain_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(locks / f"{name}.lock"))
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_key(code: str, name: str) -> str:
+    """Content address of a model: its code and the name its C++ class gets."""
+    return hashlib.sha256(f"{name}\0{code}".encode()).hexdigest()[:20]

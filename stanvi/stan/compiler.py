@@ -1,0 +1,226 @@
+"""Compiling a `.stan` file into a model library that the `bridgestan` client and stanvi load.
+
+Pipeline (issue P1-1): ``stanc --name=<name>_model`` → C++ header; ``g++`` compiles it against the
+Stan headers of the httpstan wheel, using a precompiled header of ``stan/model/model_header.hpp``;
+the result is linked ``-shared`` with the project's glue object (``glue/stanvi_bridge.cpp``).
+
+Exact Hessian-vector products need nested autodiff (``-DSTAN_MODEL_FVAR_VAR`` in both the model
+and the glue).  Some models (ODE solvers) cannot be instantiated with ``fvar<var>``: when the exact
+build fails to compile, the finite-difference build is tried, and the library records which one it
+is (``CompiledModel.hvp_exact``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from stanvi.errors import StanCompileError, ToolchainError
+from stanvi.stan.cache import cache_root, file_sha256, lock_for, model_key
+from stanvi.stan.progress import StageProgress
+from stanvi.stan.toolchain import GLUE_SOURCE, Toolchain, find_toolchain
+
+_BUILD_RECORD = "build.json"
+_PCH_HEADER = "stanvi_pch.hpp"
+_GLUE_OBJECT = "stanvi_bridge.o"
+
+
+@dataclass(frozen=True)
+class CompiledModel:
+    """A compiled model library on disk.
+
+    Attributes:
+        library: path of the shared library (BridgeStan C ABI + stanvi batched entry points).
+        name: the model's name (stanc ``--name`` without the ``_model`` suffix).
+        stan_file: the cached copy of the Stan program it was built from.
+        hvp_exact: True for nested-autodiff HVPs, False for the finite-difference build.
+        compile_seconds: wall time of the build that produced it (0 when it came from the cache).
+        cached: True when no compilation was needed.
+    """
+
+    library: Path
+    name: str
+    stan_file: Path
+    hvp_exact: bool
+    compile_seconds: float = 0.0
+    cached: bool = False
+
+
+def compile_model(model: str | os.PathLike, *, name: str | None = None, progress: bool = True,
+                  force: bool = False) -> CompiledModel:
+    """Compile a Stan program (a `.stan` path, or Stan code as a string) to a model library.
+
+    Results are cached by content (see :mod:`stanvi.stan.cache`); ``force=True`` rebuilds.
+    Raises :class:`StanCompileError` with stanc's message and line for an invalid program, and
+    :class:`ToolchainError` when the C++ toolchain is missing.
+    """
+    code, path = _read_program(model)
+    name = _model_name(name or (Path(path).stem if path else "model"))
+    toolchain = find_toolchain()
+    tc_dir = cache_root() / toolchain.fingerprint
+    entry = tc_dir / "models" / f"{name}-{model_key(code, name)}"
+    if not force:
+        found = _load_record(entry)
+        if found is not None:
+            return found
+    with lock_for(tc_dir, entry.name):
+        if not force:
+            found = _load_record(entry)  # another process may have built it while we waited
+            if found is not None:
+                return found
+        return _build(code, path, name, entry, toolchain, tc_dir, progress)
+
+
+def _read_program(model: str | os.PathLike) -> tuple[str, str | None]:
+    text = os.fspath(model)
+    if "\n" not in text and (text.endswith(".stan") or Path(text).is_file()):
+        p = Path(text)
+        if not p.is_file():
+            raise FileNotFoundError(f"Stan file not found: {p}")
+        return p.read_text(), str(p)
+    if "{" in text:
+        return text, None
+    raise FileNotFoundError(f"Stan file not found: {text}")
+
+
+def _model_name(stem: str) -> str:
+    """A valid C++ identifier from a file stem (stanc requires one)."""
+    cleaned = re.sub(r"\W", "_", stem)
+    if not cleaned or cleaned[0].isdigit():
+        cleaned = "m_" + cleaned
+    return cleaned
+
+
+def _load_record(entry: Path) -> CompiledModel | None:
+    """The cache entry at ``entry`` if it is complete and its library is intact, else None."""
+    record_path = entry / _BUILD_RECORD
+    try:
+        record = json.loads(record_path.read_text())
+        library = entry / record["library"]
+        if not library.is_file() or file_sha256(library) != record["sha256"]:
+            return None
+        return CompiledModel(library=library, name=record["name"], stan_file=entry / "model.stan",
+                             hvp_exact=bool(record["hvp_exact"]), cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:
+        raise ToolchainError(f"could not run {what} ({cmd[0]}): {exc}") from exc
+
+
+def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolchain,
+           tc_dir: Path, progress: bool) -> CompiledModel:
+    entry.mkdir(parents=True, exist_ok=True)
+    (entry / _BUILD_RECORD).unlink(missing_ok=True)
+    stan_file = entry / "model.stan"
+    stan_file.write_text(code)
+    hpp = entry / "model.hpp"
+    shown = Path(path).name if path else f"{name}.stan"
+    start = time.perf_counter()
+    with StageProgress(f"compiling {shown}", enabled=progress) as bar:
+        bar.stage("stanc")
+        _stanc(toolchain, stan_file, hpp, name, path)
+        library = entry / f"lib{name}.so"
+        errors = []
+        for exact in (True, False):
+            bar.stage("C++ (exact Hessian-vector products)" if exact else
+                      "C++ (finite-difference Hessian-vector products)")
+            flag_dir = _flag_set_dir(toolchain, tc_dir, exact, bar)
+            obj = entry / ("model_exact.o" if exact else "model_fd.o")
+            result = _run([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch",
+                           "-include", str(flag_dir / _PCH_HEADER), "-x", "c++", "-c", str(hpp),
+                           "-o", str(obj)], "the C++ compiler")
+            if result.returncode != 0:
+                errors.append(result.stderr)
+                continue
+            bar.stage("linking")
+            tmp = entry / f".lib{name}.{os.getpid()}.so"
+            link = _run([toolchain.cxx, "-shared", "-o", str(tmp), str(obj),
+                         str(flag_dir / _GLUE_OBJECT), *toolchain.link_flags()], "the linker")
+            obj.unlink(missing_ok=True)
+            if link.returncode != 0:
+                raise StanCompileError(f"linking the model library for {shown} failed:\n"
+                                       f"{_tail(link.stderr)}", path=path)
+            os.replace(tmp, library)
+            seconds = time.perf_counter() - start
+            record = {"library": library.name, "name": name, "hvp_exact": exact,
+                      "sha256": file_sha256(library), "compile_seconds": seconds,
+                      "stanc_version": toolchain.stanc_version, "cxx": toolchain.cxx_version,
+                      "source": path}
+            _atomic_write(entry / _BUILD_RECORD, json.dumps(record, indent=1))
+            return CompiledModel(library=library, name=name, stan_file=stan_file, hvp_exact=exact,
+                                 compile_seconds=seconds, cached=False)
+    raise StanCompileError(
+        f"the C++ compiler rejected the code stanc generated for {shown} (a stanc or toolchain "
+        f"problem, not an error in your model):\n{_tail(errors[-1])}", path=path)
+
+
+def _stanc(toolchain: Toolchain, stan_file: Path, hpp: Path, name: str, path: str | None) -> None:
+    """Run stanc; on error raise StanCompileError carrying its message and location."""
+    cmd = [str(toolchain.stanc), f"--name={name}_model", f"--o={hpp}"]
+    if path:
+        cmd.append(f"--filename-in-msg={Path(path).name}")
+    result = _run(cmd + [str(stan_file)], "stanc")
+    if result.returncode == 0:
+        return
+    message = (result.stderr or result.stdout).strip()
+    where = re.search(r"line (\d+), column (\d+)", message)
+    line, column = (int(where.group(1)), int(where.group(2))) if where else (None, None)
+    location = f"{path or 'model code'}" + (f", line {line}, column {column}" if line else "")
+    raise StanCompileError(f"stanc could not compile {location}:\n{message}", path=path, line=line,
+                           column=column, stanc_message=message)
+
+
+def _flag_set_dir(toolchain: Toolchain, tc_dir: Path, exact: bool, bar: StageProgress) -> Path:
+    """The precompiled header and glue object for one flag set, built once and shared."""
+    flag_dir = tc_dir / ("exact" if exact else "fd")
+    flag_dir.mkdir(parents=True, exist_ok=True)
+    flags = toolchain.compile_flags(exact)
+    header = flag_dir / _PCH_HEADER
+    gch = flag_dir / (_PCH_HEADER + ".gch")
+    glue = flag_dir / _GLUE_OBJECT
+    with lock_for(tc_dir, f"flags-{flag_dir.name}"):
+        if not header.exists():
+            _atomic_write(header, "#include <stan/model/model_header.hpp>\n")
+        if not gch.exists():
+            bar.stage("precompiling Stan headers (once per installation, ~40 s)")
+            tmp = flag_dir / f".pch.{os.getpid()}.gch"
+            res = _run([toolchain.cxx, *flags, "-x", "c++-header", str(header), "-o", str(tmp)],
+                       "the C++ compiler")
+            if res.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise ToolchainError(f"precompiling the Stan headers failed:\n{_tail(res.stderr)}")
+            os.replace(tmp, gch)
+        if not glue.exists():
+            bar.stage("compiling the stanvi bridge (once per installation, ~20 s)")
+            tmp = flag_dir / f".glue.{os.getpid()}.o"
+            res = _run([toolchain.cxx, *flags, "-Winvalid-pch", "-include", str(header), "-c",
+                        str(GLUE_SOURCE), "-o", str(tmp)], "the C++ compiler")
+            if res.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                raise ToolchainError(f"compiling the stanvi bridge failed:\n{_tail(res.stderr)}")
+            os.replace(tmp, glue)
+    return flag_dir
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    """The last lines of a compiler log, where the actual error usually is."""
+    kept = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])

@@ -1,0 +1,73 @@
+"""Stan data in and out: a dict, a JSON file path or a JSON string becomes the JSON text the model
+library reads, and Stan's data-validation messages become :class:`StanDataError` naming the
+variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import stanio
+
+from stanvi.errors import StanDataError
+
+DataLike = Mapping[str, Any] | str | os.PathLike | None
+
+
+def data_to_json(data: DataLike) -> str:
+    """The Stan JSON text for ``data`` ("" for no data).
+
+    ``data`` may be a mapping (numpy arrays and scalars allowed), a path to a ``.json`` file, or a
+    JSON string.  Raises StanDataError for unreadable files and invalid JSON.
+    """
+    if data is None:
+        return ""
+    if isinstance(data, Mapping):
+        return stanio.dump_stan_json(dict(data))
+    if isinstance(data, os.PathLike) or (isinstance(data, str) and not data.lstrip().startswith("{")):
+        path = Path(data)
+        if not path.is_file():
+            raise StanDataError(f"data file not found: {path}")
+        text = path.read_text()
+        source = str(path)
+    else:
+        text, source = str(data), "the data string"
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StanDataError(f"{source} is not valid JSON: {exc}") from exc
+    return text
+
+
+def data_to_dict(data: DataLike) -> dict[str, Any]:
+    """The data as a dict of numpy arrays and Python scalars (for ArviZ's constant_data)."""
+    text = data_to_json(data)
+    if not text:
+        return {}
+    return {k: (np.asarray(v) if isinstance(v, list) else v) for k, v in json.loads(text).items()}
+
+
+_VARIABLE_PATTERNS = (
+    re.compile(r"variable name=([A-Za-z_]\w*)"),
+    re.compile(r"_model: ([A-Za-z_]\w*)(?:\[[^\]]*\])* is .*but must be"),
+    re.compile(r"variable ([A-Za-z_]\w*)\b"),
+)
+
+
+def data_error_from_stan(message: str, model_name: str) -> StanDataError:
+    """Turn Stan's model-construction message into a StanDataError naming the variable."""
+    text = message.replace("Error in model construction: ", "").strip()
+    variable = None
+    for pattern in _VARIABLE_PATTERNS:
+        found = pattern.search(text)
+        if found:
+            variable = found.group(1)
+            break
+    what = f"data variable '{variable}'" if variable else "the data"
+    return StanDataError(f"model '{model_name}' rejected {what}: {text}", variable=variable)

@@ -1,0 +1,128 @@
+"""Loading a model library: the BridgeStan ABI through the `bridgestan` client, and stanvi's batched
+entry points through ctypes on the same model handle.
+
+A batch of B points is one C++ call that loops over rows in parallel (TBB) and reports a status per
+row; a row whose evaluation throws gets ``-inf`` / ``NaN`` and its message, the rest of the batch is
+unaffected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.ctypeslib import ndpointer
+
+MESSAGE_BYTES = 512  # per failed row
+
+_f64 = ndpointer(dtype=np.float64, flags="C_CONTIGUOUS")
+_i32 = ndpointer(dtype=np.int32, flags="C_CONTIGUOUS")
+_c_bool, _c_int, _vp = ctypes.c_bool, ctypes.c_int, ctypes.c_void_p
+
+_SIGNATURES = {
+    "stanvi_hvp_is_exact": [],
+    "stanvi_batch_log_density": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, _i32, ctypes.c_char_p,
+                                 _c_int, _c_int],
+    "stanvi_batch_gradient": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, _f64, _i32,
+                              ctypes.c_char_p, _c_int, _c_int],
+    "stanvi_batch_hvp": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, _f64, _f64, _f64, _i32,
+                         ctypes.c_char_p, _c_int, _c_int],
+    "stanvi_batch_constrain": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, ctypes.c_uint, _i32,
+                               ctypes.c_char_p, _c_int, _c_int],
+}
+
+
+def default_threads() -> int:
+    """Threads per batched call: ``$STANVI_NUM_THREADS`` or the number of CPUs."""
+    env = os.environ.get("STANVI_NUM_THREADS")
+    return max(1, int(env)) if env else (os.cpu_count() or 1)
+
+
+@dataclass
+class RowStatus:
+    """Per-row outcome of a batched call."""
+
+    ok: np.ndarray                 # (B,) bool
+    messages: dict[int, str]       # row -> the model's message, for failed rows
+
+
+class BatchedLibrary:
+    """ctypes bindings for the stanvi batched entry points of one loaded library."""
+
+    def __init__(self, library: str | os.PathLike) -> None:
+        self.path = str(Path(library).resolve())
+        self._lib = ctypes.CDLL(self.path)
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(self._lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+        self.hvp_exact = bool(self._lib.stanvi_hvp_is_exact())
+
+    @staticmethod
+    def _status(status: np.ndarray, buffer: ctypes.Array, n_failed: int) -> RowStatus:
+        ok = status == 0
+        messages: dict[int, str] = {}
+        if n_failed:
+            raw = buffer.raw
+            for row in np.flatnonzero(~ok):
+                chunk = raw[row * MESSAGE_BYTES:(row + 1) * MESSAGE_BYTES]
+                messages[int(row)] = chunk.split(b"\0", 1)[0].decode("utf-8", "replace")
+        return RowStatus(ok=ok, messages=messages)
+
+    def log_density(self, model: int, z: np.ndarray, *, propto: bool, jacobian: bool,
+                    threads: int) -> tuple[np.ndarray, RowStatus]:
+        n = z.shape[0]
+        lp = np.empty(n)
+        status = np.empty(n, dtype=np.int32)
+        buf = ctypes.create_string_buffer(n * MESSAGE_BYTES)
+        failed = self._lib.stanvi_batch_log_density(model, propto, jacobian, n, z, lp, status, buf,
+                                                     MESSAGE_BYTES, threads)
+        return lp, self._status(status, buf, failed)
+
+    def gradient(self, model: int, z: np.ndarray, *, propto: bool, jacobian: bool,
+                 threads: int) -> tuple[np.ndarray, np.ndarray, RowStatus]:
+        n = z.shape[0]
+        lp = np.empty(n)
+        grad = np.empty_like(z)
+        status = np.empty(n, dtype=np.int32)
+        buf = ctypes.create_string_buffer(n * MESSAGE_BYTES)
+        failed = self._lib.stanvi_batch_gradient(model, propto, jacobian, n, z, lp, grad, status,
+                                                  buf, MESSAGE_BYTES, threads)
+        return lp, grad, self._status(status, buf, failed)
+
+    def hvp(self, model: int, z: np.ndarray, v: np.ndarray, *, propto: bool, jacobian: bool,
+            threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, RowStatus]:
+        n = z.shape[0]
+        lp = np.empty(n)
+        grad = np.empty_like(z)
+        hvp = np.empty_like(z)
+        status = np.empty(n, dtype=np.int32)
+        buf = ctypes.create_string_buffer(n * MESSAGE_BYTES)
+        failed = self._lib.stanvi_batch_hvp(model, propto, jacobian, n, z, v, lp, grad, hvp, status,
+                                             buf, MESSAGE_BYTES, threads)
+        return lp, grad, hvp, self._status(status, buf, failed)
+
+    def constrain(self, model: int, z: np.ndarray, n_out: int, *, include_tp: bool,
+                  include_gq: bool, seed: int, threads: int) -> tuple[np.ndarray, RowStatus]:
+        n = z.shape[0]
+        out = np.empty((n, n_out))
+        status = np.empty(n, dtype=np.int32)
+        buf = ctypes.create_string_buffer(n * MESSAGE_BYTES)
+        failed = self._lib.stanvi_batch_constrain(model, include_tp, include_gq, n, z, out,
+                                                   seed & 0xFFFFFFFF, status, buf, MESSAGE_BYTES,
+                                                   threads)
+        return out, self._status(status, buf, failed)
+
+
+def load_bridgestan_model(library: str | os.PathLike, data_json: str, seed: int):
+    """A ``bridgestan.StanModel`` on our library (the reload warning is expected and silenced:
+    libraries are content-addressed, so a loaded path never changes on disk)."""
+    import bridgestan  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return bridgestan.StanModel(str(library), data_json, seed=seed, warn=False)

@@ -1,0 +1,220 @@
+"""StanTarget: a compiled Stan model with its data, as a batched Target (DESIGN.md, "Targets").
+
+Log densities are Stan's ``log_prob<propto=false, jacobian=true>`` on the unconstrained space
+(spec trustvi_hfsgvi_advi.md, "Conventions"), so ELBO values keep every constant.  Batches are one
+multithreaded C++ call; single-point helpers (``*_at``) raise :class:`ModelEvaluationError` with
+the model's own message.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import stanio
+
+from stanvi.errors import ModelEvaluationError, StanDataError
+from stanvi.stan.compiler import CompiledModel, compile_model
+from stanvi.stan.data import DataLike, data_error_from_stan, data_to_dict, data_to_json
+from stanvi.stan.library import BatchedLibrary, default_threads, load_bridgestan_model
+from stanvi.stan.names import Variable, group_names
+from stanvi.targets.base import BatchResult, OracleCounter, as_batch
+
+
+class StanTarget:
+    """A Stan model plus data, evaluated through its compiled library.
+
+    Args:
+        model: a :class:`CompiledModel`, a library path (``.so``), or a ``.stan`` path (compiled
+            and cached on first use).
+        data: a dict, a JSON path or a JSON string; None for a model without data.
+        seed: seed for the model's constructor (data-block RNG use) and default RNG seeds.
+        threads: threads per batched call (default ``$STANVI_NUM_THREADS`` or all CPUs).
+        progress: show compilation progress when ``model`` needs compiling.
+    """
+
+    def __init__(self, model: CompiledModel | str | os.PathLike, data: DataLike = None, *,
+                 seed: int = 0, threads: int | None = None, progress: bool = True) -> None:
+        if isinstance(model, CompiledModel):
+            compiled = model
+        elif str(model).endswith(".stan") or "{" in str(model):
+            compiled = compile_model(model, progress=progress)
+        else:
+            compiled = None
+        library = compiled.library if compiled else Path(model)
+        if not Path(library).is_file():
+            raise FileNotFoundError(f"model library not found: {library}")
+        self.compiled = compiled
+        self.library_path = Path(library)
+        self.data_json = data_to_json(data)
+        self.seed = int(seed)
+        self.threads = threads or default_threads()
+        self.counter = OracleCounter()
+        self._batched = BatchedLibrary(library)
+        try:
+            self._bs = load_bridgestan_model(library, self.data_json, self.seed)
+        except RuntimeError as exc:
+            raise data_error_from_stan(str(exc), self._model_name_guess()) from None
+        self._handle = int(self._bs.model)
+        self._dim = self._bs.param_unc_num()
+        self._unc_names = [n for n in self._bs.param_unc_names() if n] if self._dim else []
+        self._names = {(tp, gq): [n for n in self._bs.param_names(include_tp=tp, include_gq=gq) if n]
+                       for tp in (False, True) for gq in (False, True)}
+        self._variables = {key: group_names(names) for key, names in self._names.items()}
+
+    # ------------------------------------------------------------------ description
+    def _model_name_guess(self) -> str:
+        return self.compiled.name if self.compiled else self.library_path.stem.removeprefix("lib")
+
+    @property
+    def name(self) -> str:
+        """The model's name (without stanc's ``_model`` suffix)."""
+        return self._bs.name().removesuffix("_model")
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def unconstrained_names(self) -> list[str]:
+        return list(self._unc_names)
+
+    @property
+    def hvp_exact(self) -> bool:
+        """True when HVPs come from nested autodiff, False for the finite-difference build."""
+        return self._batched.hvp_exact
+
+    def variables(self, *, include_tp: bool = True, include_gq: bool = True) -> list[Variable]:
+        """The model's constrained variables (name, shape), parameters first."""
+        return list(self._variables[(include_tp, include_gq)])
+
+    def variable_kinds(self) -> dict[str, str]:
+        """Each variable's block: 'parameter', 'transformed_parameter' or 'generated_quantity'."""
+        params = {v.name for v in self._variables[(False, False)]}
+        with_tp = {v.name for v in self._variables[(True, False)]}
+        kinds = {}
+        for v in self._variables[(True, True)]:
+            kinds[v.name] = ("parameter" if v.name in params else
+                             "transformed_parameter" if v.name in with_tp else "generated_quantity")
+        return kinds
+
+    @functools.cached_property
+    def jax_log_density(self):
+        """This target's log density as a JAX-differentiable function of one point (D,); see
+        :mod:`stanvi.targets.jax_bridge`."""
+        from stanvi.targets.jax_bridge import jax_log_density  # noqa: PLC0415  (imports JAX)
+
+        return jax_log_density(self)
+
+    def data_dict(self) -> dict[str, Any]:
+        return data_to_dict(self.data_json or None)
+
+    def __repr__(self) -> str:
+        return f"StanTarget({self.name!r}, dim={self.dim}, library={str(self.library_path)!r})"
+
+    # ------------------------------------------------------------------ batched evaluation
+    def _prepare(self, z: np.ndarray) -> np.ndarray:
+        return as_batch(z, self._dim)
+
+    @staticmethod
+    def _nan_rows(z: np.ndarray, lp: np.ndarray) -> None:
+        """NaN in, NaN out: a row with a NaN coordinate gets a NaN log density, not -inf."""
+        bad = np.isnan(z).any(axis=1)
+        if bad.any():
+            lp[bad] = np.nan
+
+    def log_density(self, z: np.ndarray) -> BatchResult:
+        z = self._prepare(z)
+        lp, st = self._batched.log_density(self._handle, z, propto=False, jacobian=True,
+                                           threads=self.threads)
+        self.counter.add("log_density", z.shape[0])
+        self._nan_rows(z, lp)
+        return BatchResult(lp, ok=st.ok, messages=st.messages)
+
+    def log_density_gradient(self, z: np.ndarray) -> BatchResult:
+        z = self._prepare(z)
+        lp, grad, st = self._batched.gradient(self._handle, z, propto=False, jacobian=True,
+                                              threads=self.threads)
+        self.counter.add("gradient", z.shape[0])
+        self._nan_rows(z, lp)
+        return BatchResult(lp, gradient=grad, ok=st.ok, messages=st.messages)
+
+    def log_density_hvp(self, z: np.ndarray, v: np.ndarray) -> BatchResult:
+        z = self._prepare(z)
+        v = np.broadcast_to(np.asarray(v, dtype=np.float64), z.shape).copy(order="C")
+        lp, grad, hvp, st = self._batched.hvp(self._handle, z, v, propto=False, jacobian=True,
+                                              threads=self.threads)
+        self.counter.add("hvp", z.shape[0])
+        self._nan_rows(z, lp)
+        return BatchResult(lp, gradient=grad, hvp=hvp, ok=st.ok, messages=st.messages)
+
+    # ------------------------------------------------------------------ single points (raise)
+    def _raise_if_failed(self, result: BatchResult, what: str, z: np.ndarray) -> None:
+        if not result.ok[0]:
+            msg = result.messages.get(0, "non-finite value")
+            raise ModelEvaluationError(f"model '{self.name}' failed to evaluate the {what} at "
+                                       f"{np.array2string(np.asarray(z), precision=4)}: {msg}")
+
+    def log_density_at(self, z: np.ndarray) -> float:
+        """log p at one point; raises ModelEvaluationError if the model throws there."""
+        r = self.log_density(z)
+        self._raise_if_failed(r, "log density", z)
+        return float(r.log_density[0])
+
+    def gradient_at(self, z: np.ndarray) -> tuple[float, np.ndarray]:
+        """(log p, gradient) at one point; raises ModelEvaluationError if the model throws."""
+        r = self.log_density_gradient(z)
+        self._raise_if_failed(r, "gradient", z)
+        return float(r.log_density[0]), r.gradient[0]
+
+    def hvp_at(self, z: np.ndarray, v: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """(log p, gradient, H v) at one point; raises ModelEvaluationError if the model throws."""
+        r = self.log_density_hvp(z, v)
+        self._raise_if_failed(r, "Hessian-vector product", z)
+        return float(r.log_density[0]), r.gradient[0], r.hvp[0]
+
+    # ------------------------------------------------------------------ constrained space
+    def constrain_flat(self, z: np.ndarray, *, include_tp: bool = True, include_gq: bool = True,
+                       seed: int | None = None) -> tuple[np.ndarray, BatchResult]:
+        """Flat constrained rows (B, K) in Stan's column order, plus per-row status."""
+        z = self._prepare(z)
+        k = len(self._names[(include_tp, include_gq)])
+        out, st = self._batched.constrain(self._handle, z, k, include_tp=include_tp,
+                                          include_gq=include_gq,
+                                          seed=self.seed if seed is None else int(seed),
+                                          threads=self.threads)
+        return out, BatchResult(np.zeros(z.shape[0]), ok=st.ok, messages=st.messages)
+
+    def constrain(self, z: np.ndarray, *, include_tp: bool = True, include_gq: bool = True,
+                  seed: int | None = None) -> dict[str, np.ndarray]:
+        """Constrained variables by Stan name, each (B, *shape).  Generated quantities draw from
+        an RNG seeded by (seed, row), so results do not depend on the thread count.  Rows whose
+        generated quantities throw are NaN."""
+        flat, _ = self.constrain_flat(z, include_tp=include_tp, include_gq=include_gq, seed=seed)
+        return {v.name: v.extract(flat) for v in self._variables[(include_tp, include_gq)]}
+
+    def unconstrain(self, values: Mapping[str, Any]) -> np.ndarray:
+        """The unconstrained vector (D,) for constrained parameter values given by name."""
+        try:
+            return self._bs.param_unconstrain_json(stanio.dump_stan_json(dict(values)))
+        except RuntimeError as exc:
+            raise StanDataError(f"cannot unconstrain the given values for model '{self.name}': "
+                                f"{exc}") from None
+
+    def initial_point(self, seed: int | None = None, *, init_radius: float = 2.0,
+                      inits: Mapping[str, Any] | None = None, max_tries: int = 100) -> np.ndarray:
+        """Stan's initialization: user values where given, uniform(-r, r) on the unconstrained
+        scale elsewhere, retried until the log density and gradient are finite (up to 100 times),
+        as ``stan::services::util::initialize`` does."""
+        rng = self._bs.new_rng(self.seed if seed is None else int(seed))
+        theta_json = json.dumps({}) if inits is None else stanio.dump_stan_json(dict(inits))
+        try:
+            return self._bs.param_initialize(rng, theta_json, init_radius=init_radius,
+                                             max_tries=max_tries)
+        except RuntimeError as exc:
+            raise ModelEvaluationError(f"model '{self.name}': {exc}") from None
