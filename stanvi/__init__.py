@@ -11,6 +11,12 @@ from stanvi.stan.compiler import CompiledModel, compile_model
 from stanvi.stan.data import DataLike
 from stanvi.targets import JaxTarget, StanTarget
 
+import jax as _jax
+
+_jax.config.update("jax_enable_x64", True)
+
+from stanvi.fit import Fit, fit  # noqa: E402
+
 __version__ = "0.1.0"
 
 
@@ -25,6 +31,6 @@ def load(model: str | os.PathLike | CompiledModel, data: DataLike = None, *, see
     return StanTarget(model, data, seed=seed, threads=threads, progress=progress)
 
 
-__all__ = ["CompiledModel", "JaxTarget", "ModelEvaluationError", "StanCompileError",
+__all__ = ["CompiledModel", "Fit", "fit", "JaxTarget", "ModelEvaluationError", "StanCompileError",
            "StanDataError", "StanTarget", "StanviError", "ToolchainError", "VIError", "compile",
            "load", "__version__"]

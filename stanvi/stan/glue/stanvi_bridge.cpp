@@ -28,6 +28,8 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -235,6 +237,20 @@ bool all_finite(const double* a, Eigen::Index n) {
   return true;
 }
 
+// One TBB arena per requested thread count, created on first use and shared by every caller
+// (task_arena::execute is thread-safe); building an arena per call costs tens of microseconds.
+tbb::task_arena& shared_arena(int n_threads) {
+  static std::mutex mutex;
+  static std::map<int, std::unique_ptr<tbb::task_arena>> arenas;
+  const int key = n_threads > 0 ? n_threads : 0;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& arena = arenas[key];
+  if (!arena) {
+    arena = std::make_unique<tbb::task_arena>(key > 0 ? key : tbb::task_arena::automatic);
+  }
+  return *arena;
+}
+
 // Runs body(row) for rows [0, n) on a TBB arena of n_threads threads (<= 0: TBB's default).
 template <typename F>
 void parallel_rows(int n, int n_threads, const F& body) {
@@ -243,8 +259,7 @@ void parallel_rows(int n, int n_threads, const F& body) {
     for (int i = 0; i < n; ++i) body(i);
     return;
   }
-  tbb::task_arena arena(n_threads > 0 ? n_threads : tbb::task_arena::automatic);
-  arena.execute([&] {
+  shared_arena(n_threads).execute([&] {
     tbb::parallel_for(tbb::blocked_range<int>(0, n), [&](const tbb::blocked_range<int>& r) {
       for (int i = r.begin(); i != r.end(); ++i) body(i);
     });

@@ -1,0 +1,30 @@
+# stanvi — one command to set up and run a real fit (`make demo`), one to set up and run the tests
+# (`make test`).  Both create the virtual environment .venv on first use (Python >= 3.12; on the
+# project's machines that is pyenv's 3.12.1).
+
+PYTHON ?= python3.12
+VENV := .venv
+PY := $(VENV)/bin/python
+export PYENV_VERSION ?= 3.12.1
+
+.PHONY: venv demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(PY) -m stanvi.demo
+
+test: venv
+	$(PY) -m pytest tests -q -rs
+
+bench: venv
+	$(VENV)/bin/stanvi bench target
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

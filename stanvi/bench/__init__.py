@@ -1,0 +1,1 @@
+"""Benchmarks that print their figures (`stanvi bench ...`); tests check correctness, not time."""

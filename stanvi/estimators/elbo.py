@@ -1,0 +1,133 @@
+"""Monte Carlo ELBO estimators for a Gaussian family over a target's JAX log density
+(spec trustvi_hfsgvi_advi.md §1.1–§1.3, §6).
+
+With fixed base draws ε_1..ε_n the estimate L̂(λ) = mean_j ℓ(λ; ε_j), with
+ℓ(λ; ε) = log p(g(λ, ε)) + H(q_λ), is a smooth deterministic function of λ; everything here is
+its exact value, gradient or Hessian-vector product, by JAX autodiff through the target (for a
+Stan target, the JAX bridge turns each ``vmap`` over draws into ONE batched C++ call: gradients
+for first order, model HVPs in direction u = ∂z/∂λ·v for second order, so an ELBO HVP costs one
+model HVP per draw).
+
+A draw whose log density fails (``reject()``, domain error, non-finite) has ℓ = −inf and NaN
+gradient; callers drop and redraw such draws (see :func:`gradient_with_redraws`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stanvi.errors import VIError
+
+jax.config.update("jax_enable_x64", True)
+
+
+class GradientFailure(VIError):
+    """Too many draws of a stochastic gradient failed (the model threw or was non-finite)."""
+
+
+class ElboEstimator:
+    """Jit-compiled ELBO pieces for one (family, log density) pair.
+
+    All methods take the flat variational parameters ``params`` (P,) and base draws ``eps``
+    (n, D) and return numpy arrays.
+    """
+
+    def __init__(self, family, log_density: Callable[[jax.Array], jax.Array]) -> None:
+        self.family = family
+        self.log_density = log_density
+
+        def ell(params, eps_row):
+            z = family.sample(params, eps_row[None, :])[0]
+            return log_density(z) + family.entropy(params)
+
+        def mean_ell(params, eps):
+            return jnp.mean(jax.vmap(ell, in_axes=(None, 0))(params, eps))
+
+        def pair_differences(new, old, eps):
+            z = jnp.concatenate([family.sample(new, eps), family.sample(old, eps)])
+            lp = jax.vmap(log_density)(z)
+            n = eps.shape[0]
+            return lp[:n] - lp[n:] + family.entropy(new) - family.entropy(old)
+
+        def log_p_and_q(params, eps):
+            z = family.sample(params, eps)
+            return z, jax.vmap(log_density)(z), family.log_q(params, z)
+
+        self._values = jax.jit(jax.vmap(ell, in_axes=(None, 0)))
+        self._values_and_grads = jax.jit(jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0)))
+        self._hvp = jax.jit(lambda p, eps, v: jax.jvp(jax.grad(mean_ell), (p,), (v,))[1])
+        self._pair_differences = jax.jit(pair_differences)
+        self._log_p_and_q = jax.jit(log_p_and_q)
+
+    def values(self, params, eps) -> np.ndarray:
+        """ℓ(λ; ε_j) for each draw (n,)."""
+        return np.asarray(self._values(params, eps))
+
+    def values_and_grads(self, params, eps) -> tuple[np.ndarray, np.ndarray]:
+        """ℓ(λ; ε_j) (n,) and the per-draw gradients G_j = ∇_λ ℓ(λ; ε_j) (n, P), entropy
+        gradient included (§1.1: ∂/∂μ = g, ∂/∂ω = g ⊙ σ ⊙ ε + 1)."""
+        v, g = self._values_and_grads(params, eps)
+        return np.asarray(v), np.asarray(g)
+
+    def hvp(self, params, eps, direction) -> np.ndarray:
+        """∇²L̂(λ) v for the fixed draws ``eps`` (§1.1 / §6)."""
+        return np.asarray(self._hvp(params, eps, direction))
+
+    def pair_differences(self, new, old, eps) -> np.ndarray:
+        """Matched-pair ELBO changes ℓ(λ'; ε_i) − ℓ(λ; ε_i) (§4.1 step 5), one batched call of
+        2n log densities; the entropy difference is exact."""
+        return np.asarray(self._pair_differences(new, old, eps))
+
+    def log_p_and_q(self, params, eps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draws z = g(λ, ε), log p(z) and log q(z) (for output draws and importance ratios)."""
+        z, lp, lq = self._log_p_and_q(params, eps)
+        return np.asarray(z), np.asarray(lp), np.asarray(lq)
+
+
+class GradientEstimate(NamedTuple):
+    gradient: np.ndarray        # (P,) mean of the valid per-draw gradients
+    per_draw: np.ndarray        # (n, P) valid per-draw gradients
+    values: np.ndarray          # (n,) ℓ at the valid draws
+    n_dropped: int              # draws that failed and were replaced
+
+
+def standard_normal(key: jax.Array, n: int, dim: int) -> np.ndarray:
+    return np.asarray(jax.random.normal(key, (n, dim), dtype=jnp.float64))
+
+
+def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
+                          max_drops: int) -> GradientEstimate:
+    """A stochastic ELBO gradient from n valid draws.
+
+    A draw whose value or gradient is non-finite is dropped and replaced by a fresh one (batches
+    of the same static size n, so nothing recompiles), as Stan's ``calc_grad`` does (§2.3); when
+    ``max_drops`` draws have failed, raises :class:`GradientFailure` with the count.
+    """
+    dim = est.family.dim
+    kept_g, kept_v = [], []
+    have, dropped, attempt = 0, 0, 0
+    while have < n:
+        eps = standard_normal(jax.random.fold_in(key, attempt), n, dim)
+        attempt += 1
+        vals, grads = est.values_and_grads(params, eps)
+        ok = np.isfinite(vals) & np.isfinite(grads).all(axis=1)
+        need = n - have
+        good = np.flatnonzero(ok)
+        # draws are consumed in order: failures after the last needed valid draw are not drops
+        consumed = int(good[need - 1]) + 1 if len(good) >= need else n
+        dropped += consumed - min(len(good), need)
+        if dropped >= max_drops:
+            raise GradientFailure(f"{dropped} draws of the stochastic gradient failed (the model "
+                                  f"threw or returned a non-finite value); limit {max_drops}")
+        take = np.flatnonzero(ok)[: n - have]
+        kept_g.append(grads[take])
+        kept_v.append(vals[take])
+        have += len(take)
+    per_draw = np.concatenate(kept_g)
+    return GradientEstimate(per_draw.mean(axis=0), per_draw, np.concatenate(kept_v), dropped)
+

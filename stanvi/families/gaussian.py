@@ -1,0 +1,150 @@
+"""Gaussian variational families in the unconstrained space (spec trustvi_hfsgvi_advi.md §1).
+
+A family is a small frozen (hashable) object whose methods are pure JAX functions of a flat
+parameter vector λ, so that estimators can be ``jax.jit``-compiled with the family as a static
+argument.  Sampling is reparameterized: ``z = g(λ, ε)`` with ``ε ~ N(0, I_D)``.
+
+* :class:`MeanField`: λ = (μ, ω), σ = exp(ω), z = μ + σ ⊙ ε (§1.1).
+* :class:`FullRank`: λ = (μ, vech(L)), z = μ + L ε with L lower triangular (§1.2).
+  ``diagonal="stan"`` keeps Stan's parameterization (the diagonal is unconstrained and may be
+  negative; entropy uses log|L_dd|); ``diagonal="log"`` stores ω with L_dd = exp(ω_d), which keeps
+  the scale positive and the entropy linear (the variant §1.2 recommends for TrustVI).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+@dataclass(frozen=True)
+class MeanField:
+    """Mean-field Gaussian N(μ, diag(exp(2ω))); λ = concat(μ, ω), length 2D."""
+
+    dim: int
+    name: str = "meanfield"
+
+    @property
+    def n_params(self) -> int:
+        return 2 * self.dim
+
+    def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
+        """λ₀ = (μ₀, ω₀·1): Stan ADVI uses ω₀ = 0 (§2.2), the TrustVI paper ω₀ = −1 (§4.2)."""
+        return np.concatenate([np.asarray(mu0, dtype=float), np.full(self.dim, float(log_scale0))])
+
+    def split(self, params: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return params[: self.dim], params[self.dim:]
+
+    def sample(self, params: jax.Array, eps: jax.Array) -> jax.Array:
+        """z = μ + exp(ω) ⊙ ε for each row of ``eps`` (n, D)."""
+        mu, omega = self.split(params)
+        return mu + jnp.exp(omega) * eps
+
+    def entropy(self, params: jax.Array) -> jax.Array:
+        """H(q) = D/2 (1 + log 2π) + Σ ω (§1.1)."""
+        _, omega = self.split(params)
+        return 0.5 * self.dim * (1.0 + _LOG_2PI) + jnp.sum(omega)
+
+    def log_q(self, params: jax.Array, z: jax.Array) -> jax.Array:
+        """log q(z) for each row of z (n, D), normalized."""
+        mu, omega = self.split(params)
+        e = (z - mu) * jnp.exp(-omega)
+        return -0.5 * jnp.sum(e * e, axis=-1) - jnp.sum(omega) - 0.5 * self.dim * _LOG_2PI
+
+    def mean(self, params: jax.Array) -> jax.Array:
+        return self.split(params)[0]
+
+    def covariance(self, params: jax.Array) -> jax.Array:
+        return jnp.diag(jnp.exp(2.0 * self.split(params)[1]))
+
+    def marginal_sd(self, params: jax.Array) -> jax.Array:
+        return jnp.exp(self.split(params)[1])
+
+
+@dataclass(frozen=True)
+class FullRank:
+    """Full-rank Gaussian N(μ, L Lᵀ); λ = concat(μ, the lower triangle of L row by row)."""
+
+    dim: int
+    diagonal: str = "stan"
+    name: str = "fullrank"
+
+    def __post_init__(self) -> None:
+        if self.diagonal not in ("stan", "log"):
+            raise ValueError(f"diagonal must be 'stan' or 'log', got {self.diagonal!r}")
+
+    @property
+    def n_params(self) -> int:
+        return self.dim + self.dim * (self.dim + 1) // 2
+
+    def _tril(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.tril_indices(self.dim)
+
+    def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
+        """λ₀ = (μ₀, L₀ = exp(ω₀) I); Stan ADVI starts full-rank from L₀ = I (§2.2)."""
+        rows, cols = self._tril()
+        diag = rows == cols
+        vech = np.zeros(len(rows))
+        vech[diag] = float(log_scale0) if self.diagonal == "log" else math.exp(log_scale0)
+        return np.concatenate([np.asarray(mu0, dtype=float), vech])
+
+    def cholesky(self, params: jax.Array) -> jax.Array:
+        """The lower-triangular factor L (D, D)."""
+        rows, cols = self._tril()
+        raw = jnp.zeros((self.dim, self.dim)).at[rows, cols].set(params[self.dim:])
+        if self.diagonal == "log":
+            d = jnp.diagonal(raw)
+            raw = raw - jnp.diag(d) + jnp.diag(jnp.exp(d))
+        return raw
+
+    def sample(self, params: jax.Array, eps: jax.Array) -> jax.Array:
+        return params[: self.dim] + eps @ self.cholesky(params).T
+
+    def _log_abs_diag(self, params: jax.Array) -> jax.Array:
+        rows, cols = self._tril()
+        d = params[self.dim:][rows == cols]
+        if self.diagonal == "log":
+            return d
+        # Stan skips exact zeros on the diagonal in the entropy (normal_fullrank::entropy).
+        return jnp.where(d == 0.0, 0.0, jnp.log(jnp.abs(jnp.where(d == 0.0, 1.0, d))))
+
+    def entropy(self, params: jax.Array) -> jax.Array:
+        """H(q) = D/2 (1 + log 2π) + Σ log|L_dd| (§1.2)."""
+        return 0.5 * self.dim * (1.0 + _LOG_2PI) + jnp.sum(self._log_abs_diag(params))
+
+    def log_q(self, params: jax.Array, z: jax.Array) -> jax.Array:
+        L = self.cholesky(params)
+        diff = (z - params[: self.dim]).T
+        e = jax.scipy.linalg.solve_triangular(L, diff, lower=True).T
+        return (-0.5 * jnp.sum(e * e, axis=-1) - jnp.sum(self._log_abs_diag(params))
+                - 0.5 * self.dim * _LOG_2PI)
+
+    def mean(self, params: jax.Array) -> jax.Array:
+        return params[: self.dim]
+
+    def covariance(self, params: jax.Array) -> jax.Array:
+        L = self.cholesky(params)
+        return L @ L.T
+
+    def marginal_sd(self, params: jax.Array) -> jax.Array:
+        return jnp.sqrt(jnp.diagonal(self.covariance(params)))
+
+
+FAMILIES = {"meanfield": MeanField, "fullrank": FullRank}
+
+
+def make_family(name: str, dim: int, **kwargs) -> MeanField | FullRank:
+    """A family by name ('meanfield' or 'fullrank')."""
+    try:
+        cls = FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown family {name!r}; choose one of {sorted(FAMILIES)}") from None
+    return cls(dim, **kwargs)

@@ -1,0 +1,254 @@
+"""``stanvi.fit`` and the :class:`Fit` result (issue P1-2, "stanvi.fit and the Fit object").
+
+A fit holds the variational parameters, draws from the approximation in constrained space by
+Stan variable name (transformed parameters and generated quantities included), the unconstrained
+draws with log p and log q (for Pareto k-hat), the iteration trace (oracle calls and wall time at
+each iteration), the oracle counts by kind and the stopping reason.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from stanvi.errors import VIError
+from stanvi.estimators.elbo import ElboEstimator, standard_normal
+from stanvi.families import make_family
+from stanvi.methods import get_method, make_options
+from stanvi.methods.common import MethodResult, Trace, purpose_key
+from stanvi.methods.context import RunContext
+from stanvi.methods.progress import IterationProgress
+from stanvi.stan.compiler import CompiledModel
+from stanvi.targets.base import Target
+from stanvi.targets.jax_target import JaxTarget
+
+jax.config.update("jax_enable_x64", True)
+
+STATUSES = ("converged", "max_iters", "budget", "failed")
+
+
+@dataclass
+class Fit:
+    """The result of a variational fit.
+
+    Attributes:
+        method, family, profile, options, seed: what was run.
+        params: the final variational parameters λ (flat; see the family for the layout).
+        draws: constrained draws by Stan variable name, each (n_draws, *shape).
+        unconstrained_draws: (n_draws, D).
+        log_p, log_q: log p (Jacobian included, normalized) and log q at each draw.
+        trace: the per-iteration :class:`~stanvi.methods.common.Trace`.
+        oracle: final oracle counts (scaled and literal paper units, draw-level counts).
+        status: 'converged' | 'max_iters' | 'budget' | 'failed'; ``message`` says more.
+        wall_time: seconds in the method (JAX compilation included); ``setup_time``: seconds to
+            build the target and estimator before the method started.
+    """
+
+    method: str
+    family_name: str
+    profile: str
+    options: Any
+    seed: int
+    params: np.ndarray
+    family: Any
+    target: Target
+    draws: dict[str, np.ndarray]
+    unconstrained_draws: np.ndarray
+    log_p: np.ndarray
+    log_q: np.ndarray
+    trace: Trace
+    oracle: dict[str, float]
+    status: str
+    message: str
+    wall_time: float
+    setup_time: float
+    info: dict[str, Any] = field(default_factory=dict)
+    _estimator: ElboEstimator | None = field(default=None, repr=False)
+
+    # ---------------------------------------------------------------- accessors
+    @property
+    def mean(self) -> np.ndarray:
+        """Mean of the approximation in unconstrained space (D,)."""
+        return np.asarray(self.family.mean(self.params))
+
+    @property
+    def covariance(self) -> np.ndarray:
+        """Covariance of the approximation in unconstrained space (D, D)."""
+        return np.asarray(self.family.covariance(self.params))
+
+    @property
+    def converged(self) -> bool:
+        return self.status == "converged"
+
+    def stan_variable(self, name: str) -> np.ndarray:
+        """Draws of one Stan variable, shape (n_draws, *shape), like cmdstanpy."""
+        try:
+            return self.draws[name]
+        except KeyError:
+            raise KeyError(f"no variable {name!r}; variables: {list(self.draws)}") from None
+
+    def stan_variables(self) -> dict[str, np.ndarray]:
+        return dict(self.draws)
+
+    def elbo_trace(self) -> np.ndarray:
+        """(oracle_scaled, elbo) for the iterations where the method estimated the ELBO."""
+        t = self.trace
+        return np.column_stack([t.column("oracle_scaled"), t.column("elbo")])
+
+    def elbo(self, n_draws: int = 10_000, seed: int | None = None) -> tuple[float, float]:
+        """A fresh Monte Carlo estimate of the ELBO at the final parameters and its standard
+        error (draws that fail count as −inf: the ELBO is then −inf, honestly)."""
+        est = self._estimator or ElboEstimator(self.family, self.target.jax_log_density)
+        key = jax.random.PRNGKey(self.seed + 1 if seed is None else seed)
+        vals = []
+        for start in range(0, n_draws, 1024):
+            n = min(1024, n_draws - start)
+            vals.append(est.values(self.params, standard_normal(jax.random.fold_in(key, start), n,
+                                                                self.family.dim)))
+        v = np.concatenate(vals)
+        return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v)))
+
+    def summary(self, percentiles: tuple[float, ...] = (5, 50, 95)):
+        """A table (pandas DataFrame) of mean, sd and percentiles per scalar, one row per element
+        named like cmdstanpy (``beta[1]``, ``Sigma[2,1]``)."""
+        import pandas as pd  # noqa: PLC0415
+
+        rows, index = [], []
+        for name, arr in self.draws.items():
+            flat = arr.reshape(arr.shape[0], -1, order="F")
+            shape = arr.shape[1:]
+            for j in range(flat.shape[1]):
+                col = flat[:, j]
+                label = name if not shape else (
+                    f"{name}[{','.join(str(i + 1) for i in np.unravel_index(j, shape, order='F'))}]")
+                finite = col[np.isfinite(col)]
+                stats = [finite.mean(), finite.std(ddof=1) if len(finite) > 1 else np.nan]
+                stats += list(np.percentile(finite, percentiles)) if len(finite) else [np.nan] * len(percentiles)
+                rows.append(stats)
+                index.append(label)
+        columns = ["mean", "sd"] + [f"{p:g}%" for p in percentiles]
+        return pd.DataFrame(rows, index=index, columns=columns)
+
+    def __repr__(self) -> str:
+        return (f"Fit(method={self.method!r}, family={self.family_name!r}, status={self.status!r}, "
+                f"iterations={len(self.trace) - 1}, oracle_scaled={self.oracle['oracle_scaled']:.1f}, "
+                f"wall_time={self.wall_time:.2f}s)")
+
+
+# -------------------------------------------------------------------- building targets
+
+ModelLike = str | os.PathLike | CompiledModel | Target | Callable
+
+
+def as_target(model: ModelLike, data=None, *, dim: int | None = None, seed: int = 0,
+              progress: bool = True) -> Target:
+    """A Target from a `.stan` path, a compiled library, a Target, or a JAX log-density function
+    (which needs ``dim``)."""
+    if hasattr(model, "log_density_gradient") and hasattr(model, "dim"):
+        return model  # a Target
+    if callable(model):
+        if dim is None:
+            raise ValueError("a JAX log-density function needs dim=<number of parameters>")
+        return JaxTarget(model, dim)
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
+
+    return StanTarget(model, data, seed=seed, progress=progress)
+
+
+def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(user's initial mean or None, Stan-style random initial mean)."""
+    d = target.dim
+    if hasattr(target, "initial_point"):
+        random_mu = target.initial_point(seed)
+    else:
+        rng = np.random.default_rng(seed)
+        random_mu = rng.uniform(-2.0, 2.0, size=d)
+    if init is None:
+        return None, random_mu
+    if isinstance(init, str):
+        if init == "zero":
+            return np.zeros(d), random_mu
+        if init == "random":
+            return random_mu, random_mu
+        raise ValueError(f"init must be None, 'zero', 'random', a dict or an array; got {init!r}")
+    if isinstance(init, Mapping):
+        return np.asarray(target.unconstrain(init), dtype=float), random_mu
+    arr = np.asarray(init, dtype=float)
+    if arr.shape != (d,):
+        raise ValueError(f"init array must have shape ({d},) (unconstrained), got {arr.shape}")
+    return arr, random_mu
+
+
+def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "meanfield",
+        seed: int | None = None, init=None, max_oracle_calls: float | None = None,
+        progress: bool = True, draws: int = 1000, profile: str | None = None,
+        dim: int | None = None, **options) -> Fit:
+    """Fit a variational approximation.
+
+    Args:
+        model: a `.stan` path, a compiled library, a Target, or a JAX log-density function of an
+            unconstrained vector (then give ``dim``).
+        data: the Stan data (dict, JSON path or JSON string).
+        method: 'trustvi' (default), 'advi' or 'hfsgvi'.
+        family: 'meanfield' (default) or 'fullrank'.
+        seed: integer seed (default 0); the same seed gives the same result.
+        init: None (the method's rule), 'zero', 'random' (Stan's uniform(−2, 2)), a dict of
+            constrained parameter values, or an unconstrained array (D,).
+        max_oracle_calls: budget in scaled oracle units (spec §3); the fit stops with status
+            'budget' when it is spent.
+        progress: show progress on a terminal.
+        draws: number of output draws from the approximation.
+        profile: the method's named option set (e.g. 'paper'); see ``docs/methods.md``.
+        **options: the method's options, overriding the profile's.
+    """
+    t0 = time.perf_counter()
+    seed = 0 if seed is None else int(seed)
+    target = as_target(model, data, dim=dim, seed=seed, progress=progress)
+    if target.dim == 0:
+        raise VIError(f"{target!r} has no parameters: there is nothing to approximate (use "
+                      "Stan's fixed_param sampler for its generated quantities)")
+    module = get_method(method)
+    opts = make_options(module, profile, options)
+    fam_kwargs = {}
+    if family == "fullrank" and hasattr(opts, "fullrank_diagonal"):
+        fam_kwargs["diagonal"] = opts.fullrank_diagonal
+    fam = make_family(family, target.dim, **fam_kwargs)
+    init_mu, random_mu = _initial_mu(target, init, seed)
+    estimator = ElboEstimator(fam, target.jax_log_density)
+    bar = IterationProgress(method, enabled=progress)
+    context = RunContext(init_mu=init_mu, random_init_mu=random_mu,
+                         max_oracle_calls=max_oracle_calls, estimator=estimator, progress=bar)
+    key = jax.random.PRNGKey(seed)
+    setup_time = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    try:
+        result: MethodResult = module.run(target, fam, key=key, options=opts, context=context)
+    finally:
+        bar.close()
+    wall = time.perf_counter() - t1
+    return make_fit(target, fam, result, method=method, profile=profile or module.DEFAULT_PROFILE,
+                    options=opts, seed=seed, key=key, n_draws=draws, wall_time=wall,
+                    setup_time=setup_time, estimator=estimator)
+
+
+def make_fit(target: Target, family, result: MethodResult, *, method: str, profile: str, options,
+             seed: int, key: jax.Array, n_draws: int, wall_time: float, setup_time: float,
+             estimator: ElboEstimator) -> Fit:
+    """Draw from the final approximation and assemble the :class:`Fit`."""
+    if not np.all(np.isfinite(result.params)):
+        raise VIError(f"{method} returned non-finite parameters ({result.status}: {result.message})")
+    eps = standard_normal(purpose_key(key, 0, "output"), n_draws, family.dim)
+    z, log_p, log_q = estimator.log_p_and_q(result.params, eps)
+    constrained = target.constrain(z, include_tp=True, include_gq=True, seed=seed)
+    return Fit(method=method, family_name=family.name, profile=profile, options=options, seed=seed,
+               params=np.asarray(result.params, dtype=float), family=family, target=target,
+               draws=constrained, unconstrained_draws=z, log_p=log_p, log_q=log_q,
+               trace=result.trace, oracle=result.ledger.snapshot(), status=result.status,
+               message=result.message, wall_time=wall_time, setup_time=setup_time,
+               info=dict(result.info), _estimator=estimator)

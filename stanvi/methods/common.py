@@ -1,0 +1,110 @@
+"""What every method shares: oracle accounting, the iteration trace, random-key purposes and the
+result a method returns (DESIGN.md, "Conventions"; spec trustvi_hfsgvi_advi.md §3, §4.8).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+# Oracle prices of the TrustVI paper (§3): a 256-draw gradient = 1, an 85-draw HVP = 2,
+# a 128-draw ELBO-change estimate = 1.
+GRADIENT_BATCH = 256
+HVP_BATCH = 85
+CHANGE_BATCH = 128
+
+# Purposes of random draws; each iteration derives one independent key per purpose (§1.3).
+PURPOSES = {"gradient": 0, "hessian": 1, "change": 2, "elbo": 3, "output": 4, "init": 5}
+
+
+def purpose_key(key: jax.Array, iteration: int, purpose: str) -> jax.Array:
+    """The key for one purpose in one iteration: never shared between roles (§1.3, test 14)."""
+    return jax.random.fold_in(jax.random.fold_in(key, iteration), PURPOSES[purpose])
+
+
+@dataclass
+class OracleLedger:
+    """Oracle calls in the paper's units (scaled by draws, and literal per call) and draw-level
+    evaluation counts (§3).  ``scaled`` is the primary figure."""
+
+    scaled: float = 0.0
+    literal: float = 0.0
+    gradient_draws: int = 0
+    hvp_draws: int = 0
+    log_density_draws: int = 0
+
+    def gradient(self, n_draws: int) -> None:
+        self.scaled += n_draws / GRADIENT_BATCH
+        self.literal += 1
+        self.gradient_draws += n_draws
+
+    def hvp(self, n_draws: int, applications: int = 1) -> None:
+        self.scaled += 2.0 * applications * n_draws / HVP_BATCH
+        self.literal += 2 * applications
+        self.hvp_draws += n_draws * applications
+
+    def elbo_change(self, n_pairs: int) -> None:
+        if n_pairs > 0:
+            self.scaled += n_pairs / CHANGE_BATCH
+            self.literal += 1
+            self.log_density_draws += 2 * n_pairs
+
+    def elbo_estimate(self, n_draws: int) -> None:
+        """An ELBO estimate that is part of the algorithm (ADVI's checks): priced like an
+        ELBO-change estimate of the same size (§3)."""
+        self.scaled += n_draws / CHANGE_BATCH
+        self.literal += 1
+        self.log_density_draws += n_draws
+
+    def snapshot(self) -> dict[str, float]:
+        return {"oracle_scaled": self.scaled, "oracle_literal": self.literal,
+                "gradient_draws": self.gradient_draws, "hvp_draws": self.hvp_draws,
+                "log_density_draws": self.log_density_draws}
+
+    @property
+    def draw_evaluations(self) -> int:
+        """Draw-level model evaluations of any kind (the laptop cost measure)."""
+        return self.gradient_draws + self.hvp_draws + self.log_density_draws
+
+
+@dataclass
+class Trace:
+    """Per-iteration records: method fields plus the ledger and wall time at that point, and the
+    iterate after the iteration (needed for evaluation ELBOs, spec §7.2).  Row 0 is the initial
+    iterate."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    params: list[np.ndarray] = field(default_factory=list)
+    start: float = field(default_factory=time.perf_counter)
+
+    def record(self, iteration: int, params: np.ndarray, ledger: OracleLedger, **fields: Any) -> None:
+        row = {"iteration": iteration, "wall_time": time.perf_counter() - self.start,
+               **ledger.snapshot(), **fields}
+        self.rows.append(row)
+        self.params.append(np.array(params, dtype=float, copy=True))
+
+    def column(self, name: str) -> np.ndarray:
+        return np.array([r.get(name, np.nan) for r in self.rows], dtype=float)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class MethodResult:
+    """What a method's ``run`` returns; :func:`stanvi.fit.fit` turns it into a :class:`Fit`.
+
+    status: 'converged' (the method's stopping rule fired), 'max_iters', 'budget' (oracle budget
+    exhausted) or 'failed' (with ``message``; ``params`` is then the last good iterate).
+    """
+
+    params: np.ndarray
+    trace: Trace
+    ledger: OracleLedger
+    status: str
+    message: str = ""
+    info: dict[str, Any] = field(default_factory=dict)

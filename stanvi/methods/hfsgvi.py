@@ -1,0 +1,140 @@
+"""HFSGVI: Hessian-free stochastic Gaussian variational inference (Fan et al., NIPS 2015), as the
+TrustVI paper's comparator (spec trustvi_hfsgvi_advi.md §5.3).
+
+Each iteration draws a fresh gradient g_t (256 draws) and a fresh Hessian sample (85 draws, fixed
+for the solve), solves the Newton system (−H_t) p = g_t by truncated conjugate gradients
+(relative residual ≤ ``cg_tol``, at most ``cg_maxiter`` = P iterations; on non-positive curvature
+stop and return the current p, or p = g_t if it happens at the first iteration — Nocedal & Wright
+Alg. 7.1) and takes the full step λ ← λ + p: no step size, line search or trust region.
+
+That is the method the TrustVI paper describes as overflowing on 23 of 183 models.  stanvi
+reports an overflow as a failed run, never a crash: when the new λ is not finite, the next
+gradient exhausts its redraws, or CG produces non-finite values, the run stops with status
+'failed', message starting with "overflow", and the last finite iterate and the trace kept.
+
+Options off by default, for ablations: Levenberg–Marquardt damping (B + μ_d I) and a cap on the
+step norm.  The spec gives HFSGVI no convergence test; stanvi adds an optional one
+(``tol_rel_change``: stop when ‖p‖ ≤ tol·(1 + ‖λ‖) on 3 consecutive iterations), off in the
+``paper`` profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
+from stanvi.methods.common import MethodResult, OracleLedger, Trace, purpose_key
+from stanvi.methods.context import RunContext
+
+
+@dataclass(frozen=True)
+class Options:
+    """HFSGVI options (spec §5.3; [P] TrustVI paper, [C] stanvi's choice)."""
+
+    n_grad: int = 256                 # gradient draws [P, inferred]
+    n_hess: int = 85                  # Hessian draws [P, inferred]
+    cg_tol: float = 1e-2              # relative residual, same as TrustVI's interior tol [C]
+    cg_maxiter: int | None = None     # default: number of variational parameters [C]
+    max_iters: int = 500              # same cap as TrustVI [C]
+    damping: float = 0.0              # Levenberg–Marquardt μ_d (off) [C]
+    max_step_norm: float | None = None  # step cap (off) [C]
+    tol_rel_change: float | None = None  # optional convergence test (off in 'paper') [C]
+    init: str = "zero"                # initial mean: 'zero' [R] | 'random'
+    log_scale0: float = -1.0          # initial ω [R]
+    fullrank_diagonal: str = "log"    # full-rank parameterization (§1.2) [C]
+    max_gradient_drops_factor: int = 10  # as Stan [S]
+
+
+PROFILES: dict[str, dict] = {
+    "paper": {},
+    "default": {"n_grad": 64, "n_hess": 32, "tol_rel_change": 1e-3},
+}
+DEFAULT_PROFILE = "paper"
+
+
+def truncated_cg(hvp, c: np.ndarray, *, tol: float, maxiter: int) -> tuple[np.ndarray, int, str]:
+    """Solve B p = c by CG from p = 0 (Nocedal & Wright Alg. 7.1).  Returns (p, HVPs used,
+    status): 'converged', 'max_iter', 'negative_curvature' (p so far, or c at the first
+    iteration) or 'non_finite'."""
+    p = np.zeros_like(c)
+    r = c.copy()
+    d = r.copy()
+    rr = float(r @ r)
+    c_norm = np.sqrt(rr)
+    if c_norm == 0.0:
+        return p, 0, "converged"
+    for i in range(maxiter):
+        bd = hvp(d)
+        if not np.all(np.isfinite(bd)):
+            return p, i + 1, "non_finite"
+        curvature = float(d @ bd)
+        if curvature <= 0.0:
+            return (c.copy() if i == 0 else p), i + 1, "negative_curvature"
+        alpha = rr / curvature
+        p = p + alpha * d
+        r = r - alpha * bd
+        rr_new = float(r @ r)
+        if np.sqrt(rr_new) <= tol * c_norm:
+            return p, i + 1, "converged"
+        d = r + (rr_new / rr) * d
+        rr = rr_new
+    return p, maxiter, "max_iter"
+
+
+def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
+    """Hessian-free Newton on the stochastic ELBO (spec §5.3)."""
+    o = options
+    est = context.estimator
+    dim = family.dim
+    mu0 = context.init_mu
+    if mu0 is None:
+        mu0 = np.zeros(dim) if o.init == "zero" else context.random_init_mu
+    params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
+    maxiter = o.cg_maxiter or family.n_params
+    ledger = OracleLedger()
+    trace = Trace()
+    trace.record(0, params, ledger)
+    status, message = "max_iters", f"reached max_iters={o.max_iters}"
+    small_steps = 0
+    for t in range(1, o.max_iters + 1):
+        try:
+            ge = gradient_with_redraws(est, params, purpose_key(key, t, "gradient"), o.n_grad,
+                                       o.max_gradient_drops_factor * o.n_grad)
+        except GradientFailure as exc:
+            status, message = "failed", f"overflow: the gradient failed at iteration {t}: {exc}"
+            break
+        ledger.gradient(o.n_grad)
+        eps_h = standard_normal(purpose_key(key, t, "hessian"), o.n_hess, dim)
+
+        def neg_hvp(v, _eps=eps_h, _params=params):
+            return -est.hvp(_params, _eps, v) + o.damping * v
+
+        p, n_hvp, cg_status = truncated_cg(neg_hvp, ge.gradient, tol=o.cg_tol, maxiter=maxiter)
+        ledger.hvp(o.n_hess, n_hvp)
+        if cg_status == "non_finite" or not np.all(np.isfinite(p)):
+            status, message = "failed", f"overflow: non-finite conjugate-gradient values at iteration {t}"
+            break
+        norm = float(np.linalg.norm(p))
+        if o.max_step_norm is not None and norm > o.max_step_norm:
+            p = p * (o.max_step_norm / norm)
+        new = params + p
+        if not np.all(np.isfinite(new)) or not np.all(np.isfinite(family.marginal_sd(new))):
+            status, message = "failed", f"overflow: the Newton step gave non-finite parameters at iteration {t}"
+            break
+        params = new
+        elbo_here = float(np.mean(ge.values))
+        trace.record(t, params, ledger, step_norm=norm, n_hvp=n_hvp, cg_status=cg_status,
+                     grad_norm=float(np.linalg.norm(ge.gradient)), elbo=elbo_here)
+        context.progress.update(t, elbo=elbo_here, oracle=ledger.scaled)
+        if o.tol_rel_change is not None:
+            small_steps = small_steps + 1 if norm <= o.tol_rel_change * (1 + np.linalg.norm(params)) else 0
+            if small_steps >= 3:
+                status, message = "converged", "Newton steps below tol_rel_change for 3 iterations"
+                break
+        if context.over_budget(ledger.scaled):
+            status, message = "budget", f"oracle budget {context.max_oracle_calls} spent"
+            break
+    return MethodResult(params=params, trace=trace, ledger=ledger, status=status, message=message)

@@ -1,0 +1,254 @@
+"""TrustVI: stochastic trust-region optimization of the ELBO (Regier, Jordan & McAuliffe,
+NeurIPS 2017, Algorithm 1; spec trustvi_hfsgvi_advi.md §4).
+
+Each iteration k:
+
+1. a fresh stochastic gradient g_k from n_g = n_g⁰·r draws (failed draws redrawn, §4.3), and the
+   jackknife signal-to-noise test that doubles or halves the replication factor r (§4.3);
+2. a Hessian operator H_k: a fresh Monte Carlo sample of n_h = n_h⁰·r draws, or, after a
+   rejection, the previous one reused (at most ``hessian_max_reuse`` times, "subspace" reuse
+   costing one HVP, §4.4);
+3. the trust-region subproblem max_{‖s‖≤δ} gᵀs + ½sᵀHs by GLTR/Lanczos (default), Steihaug-CG or
+   a dense solve, giving the model improvement m' (§4.5);
+4. the λ-test: if η m' < λ δ², reject at once without sampling (§4.1 step 4);
+5. otherwise N_k matched pairs ℓ(λ+s; e_i) − ℓ(λ; e_i) estimate the ELBO change ℓ'; accept iff
+   ℓ' ≥ η m' (Eq. 10); any non-finite value rejects (§4.7);
+6. radius: δ ← min(γδ, δ_max) on acceptance, δ/γ otherwise; N_{k+1} from Inequalities 11 and 13
+   with the retrospective policy (§4.6).
+
+Profiles (``PROFILES``):
+
+* ``paper``: the paper's constants and batch sizes (256-draw gradients, 85-draw Hessians,
+  128 initial ELBO-change pairs), δ₀ = 0.1, 500 iterations, stop when δ < 1e-4 — the setting
+  whose oracle counts the paper reports (§4.2).
+* ``default``: the same algorithm and safeguards, tuned for wall time on a CPU, where every draw
+  costs (issue P1-2, "Beyond the paper"): small starting batches (n_g⁰ = 16, n_h⁰ = 8,
+  N₀ = 16) that the paper's own adaptation rules (jackknife, Inequalities 11/13) grow when the
+  noise demands it, up to the paper's maxima (r ≤ 256 so n_g ≤ 4096; N ≤ 4096), δ₀ = 1, and the
+  stopping rule below.
+
+Stopping rule (§4.8: the paper defines none beyond δ < δ_min and the iteration cap):
+``converged`` when δ < δ_min (every step of useful size is being rejected), or, when
+``stall_stop`` is on (default profile), when the sample size the theory asks for, N*, exceeds
+N_max on ``stall_iters`` consecutive assessed iterations (the gradient is no longer
+distinguishable from Monte Carlo noise at the largest affordable sample: the optimum is reached
+to within the noise, §4.6 "stall signal"); ``max_iters``; ``budget``; ``failed`` when a gradient
+fails after Stan's redraw limit (status ``failed_gradient`` in the spec).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
+from stanvi.methods.common import MethodResult, OracleLedger, Trace, purpose_key
+from stanvi.methods.context import RunContext
+from stanvi.optim.dense_tr import solve_dense_tr
+from stanvi.optim.gltr import solve_gltr, solve_subspace_reuse
+from stanvi.optim.jackknife import jackknife_snr, update_replication
+from stanvi.optim.sample_size import n_ineq11, n_ineq13, retrospective_update, tau_constants
+from stanvi.optim.steihaug import solve_steihaug
+
+
+@dataclass(frozen=True)
+class Options:
+    """TrustVI options; defaults are the ``paper`` profile (sources: [P] paper, [R] the authors'
+    code, [C] stanvi's choice; see spec §4.2)."""
+
+    eta: float = 0.25                 # model-fitness threshold, (0, 1/2] [P]; 0.25 [R]
+    gamma: float = 2.0                # radius expansion factor [R]
+    lam: float = 1e-3                 # radius constraint λ of the λ-test [C] (spec §4.2)
+    alpha: float = 5.0                # radius/objective trade-off in φ_k [R]
+    nu1: float = 0.5                  # sampling-rate trade-off, (0, 1−η) [C]
+    zeta1: float = 0.7                # probability of accepting a good step, (2/3, 1) [C]
+    delta0: float = 0.1               # initial radius [R]
+    delta_max: float = 1e4            # maximum radius [R]
+    delta_min: float = 1e-4           # stop when δ < δ_min [R]
+    max_iters: int = 500              # [R]
+    n_grad: int = 256                 # base gradient batch n_g⁰ [P]
+    n_hess: int = 85                  # base Hessian batch n_h⁰ [P]
+    n_change0: int = 128              # initial ELBO-change pairs N₀ [P]
+    n_change_max: int = 4096          # N_max = 32 × 128 [R]
+    r_max: int = 32                   # replication factor cap [R]
+    solver: str = "gltr"              # 'gltr' | 'steihaug' | 'dense' (§4.5)
+    tol_interior: float = 1e-2        # GLTR/CG relative tolerance, interior [R: trlib tol_rel_i]
+    tol_boundary: float = 1e-1        # GLTR tolerance on the boundary [R: trlib tol_rel_b]
+    hessian_max_reuse: int = 2        # consecutive reuses after rejections [P, R]
+    reuse_mode: str = "subspace"      # 'subspace' (1 HVP) | 'sample' (same draws, new solve) | 'none'
+    ineq13_gradient: str = "plugin"   # ‖∇L‖² in Ineq. 13: 'plugin' ‖g‖² [R] | 'unbiased' θ̂ [C]
+    stall_stop: bool = False          # stop on the stall signal [C]
+    stall_iters: int = 5              # K_stall [C]
+    init: str = "zero"                # initial mean when none is given: 'zero' [R] | 'random'
+    log_scale0: float = -1.0          # initial ω (σ = e^{-1}) [R]
+    fullrank_diagonal: str = "log"    # full-rank family parameterization (§1.2) [C]
+    max_gradient_drops_factor: int = 10  # a gradient fails after 10·n dropped draws (as Stan) [S]
+
+
+PROFILES: dict[str, dict] = {
+    "paper": {},
+    "default": {"n_grad": 16, "n_hess": 8, "n_change0": 16, "r_max": 256, "delta0": 1.0,
+                "max_iters": 1000, "stall_stop": True},
+}
+DEFAULT_PROFILE = "default"
+
+
+def _solve(options: Options, hvp, c: np.ndarray, delta: float):
+    if options.solver == "gltr":
+        return solve_gltr(hvp, c, delta, tol_interior=options.tol_interior,
+                          tol_boundary=options.tol_boundary)
+    if options.solver == "steihaug":
+        return solve_steihaug(hvp, c, delta, tol=options.tol_interior)
+    if options.solver == "dense":
+        return _solve_dense(hvp, c, delta)
+    raise ValueError(f"unknown solver {options.solver!r}; use 'gltr', 'steihaug' or 'dense'")
+
+
+def _solve_dense(hvp, c: np.ndarray, delta: float):
+    """Form B column by column (P operator applications) and solve exactly (§4.5.3); for
+    small problems and tests.  Returns a GLTR-like result without a reusable basis."""
+    from stanvi.optim.gltr import TRResult  # noqa: PLC0415
+
+    p = len(c)
+    cols = [hvp(e) for e in np.eye(p)]
+    B = np.column_stack(cols)
+    if not np.all(np.isfinite(B)):
+        return TRResult(np.zeros(p), float("nan"), p, False, False, None, None, "non_finite")
+    B = 0.5 * (B + B.T)
+    r = solve_dense_tr(B, c, delta)
+    return TRResult(r.h, float(r.q_value), p, not r.interior, r.hard_case, None, None,
+                    "boundary" if not r.interior else "converged")
+
+
+def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
+    """Algorithm 1 of the TrustVI paper (see the module docstring)."""
+    o = options
+    est = context.estimator
+    dim = family.dim
+    tau1, tau2 = tau_constants(alpha=o.alpha, gamma=o.gamma, lam=o.lam)
+    mu0 = context.init_mu
+    if mu0 is None:
+        mu0 = np.zeros(dim) if o.init == "zero" else context.random_init_mu
+    params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
+    ledger = OracleLedger()
+    trace = Trace()
+    trace.record(0, params, ledger, delta=o.delta0)
+
+    delta = o.delta0
+    r = 1
+    n_change = o.n_change0
+    hess_eps = None          # the current Hessian sample
+    hess_reuses = 0
+    last_solution = None     # for subspace reuse
+    reuse_next = False
+    stall_count = 0
+    status, message = "max_iters", f"reached max_iters={o.max_iters}"
+    counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0, "rejected_failure": 0}
+
+    for k in range(1, o.max_iters + 1):
+        # 1. gradient, 2. jackknife ------------------------------------------------------
+        n_g = o.n_grad * r
+        try:
+            ge = gradient_with_redraws(est, params, purpose_key(key, k, "gradient"), n_g,
+                                       o.max_gradient_drops_factor * n_g)
+        except GradientFailure as exc:
+            status, message = "failed", f"failed_gradient at iteration {k}: {exc}"
+            break
+        ledger.gradient(n_g)
+        g = ge.gradient
+        jk = jackknife_snr(ge.per_draw)
+        r_used = r
+        r = update_replication(r, jk.theta_hat, jk.sd, r_max=o.r_max)
+
+        # 3. Hessian operator and trust-region subproblem (minimize cᵀs + ½sᵀBs, c = −g, B = −H)
+        fresh = not (reuse_next and hess_eps is not None)
+        if fresh:
+            hess_eps = standard_normal(purpose_key(key, k, "hessian"), o.n_hess * r, dim)
+            hess_reuses = 0
+        else:
+            hess_reuses += 1
+        n_h = hess_eps.shape[0]
+        eps_h = hess_eps
+
+        def neg_hvp(v, _eps=eps_h):
+            return -est.hvp(params, _eps, v)
+
+        c = -g
+        if not fresh and o.reuse_mode == "subspace" and last_solution is not None \
+                and last_solution.Q is not None:
+            sol = solve_subspace_reuse(neg_hvp, c, delta, last_solution.Q, last_solution.T)
+        else:
+            sol = _solve(o, neg_hvp, c, delta)
+        ledger.hvp(n_h, sol.n_hvp)
+        m_prime = -float(sol.q_value)
+        s = np.asarray(sol.s, dtype=float)
+        step_norm = float(np.linalg.norm(s))
+
+        # 4-5. λ-test, ELBO-change estimate, acceptance -------------------------------------
+        accepted = False
+        failure = ""
+        n_pairs = 0
+        change = sigma_hat = n_star = np.nan
+        delta_k = delta
+        if sol.status == "non_finite" or not np.isfinite(m_prime) or not np.all(np.isfinite(s)):
+            failure = "non-finite Hessian-vector product or step"
+            counts["rejected_failure"] += 1
+        elif o.eta * m_prime < o.lam * delta * delta:
+            counts["rejected_lambda"] += 1
+        else:
+            n_pairs = n_change
+            eps_c = standard_normal(purpose_key(key, k, "change"), n_pairs, dim)
+            diffs = est.pair_differences(params + s, params, eps_c)
+            ledger.elbo_change(n_pairs)
+            if not np.all(np.isfinite(diffs)):
+                failure = "log density failed at a draw of the step assessment"
+                counts["rejected_failure"] += 1
+            else:
+                change = float(diffs.mean())
+                sigma2 = float(diffs.var(ddof=1))
+                sigma_hat = float(np.sqrt(sigma2))
+                accepted = change >= o.eta * m_prime
+                counts["accepted" if accepted else "rejected_change"] += 1
+                grad_sq = float(g @ g) if o.ineq13_gradient == "plugin" else float(jk.theta_hat)
+                n11 = n_ineq11(sigma2, m_prime, delta_k, eta=o.eta, tau1=tau1, tau2=tau2)
+                n13 = n_ineq13(sigma2, grad_sq, delta_k, zeta1=o.zeta1, nu1=o.nu1)
+                n_star = float(max(n11, n13))
+                n_change = retrospective_update(n_pairs, int(min(n_star, 2**62)), n_g,
+                                                o.n_change_max)
+                stall_count = stall_count + 1 if n_star > o.n_change_max else 0
+
+        # 6. radius, Hessian reuse ----------------------------------------------------------
+        if accepted:
+            params = params + s
+            delta = min(o.gamma * delta, o.delta_max)
+            reuse_next = False
+        else:
+            delta = delta / o.gamma
+            reuse_next = (not failure and o.reuse_mode != "none"
+                          and hess_reuses < o.hessian_max_reuse)
+        last_solution = sol if sol.status != "non_finite" else None
+
+        elbo_here = float(np.mean(ge.values))
+        trace.record(k, params, ledger, delta=delta_k, step_norm=step_norm, m_prime=m_prime,
+                     change=change, sigma_hat=sigma_hat, n_change=n_pairs, n_star=n_star, r=r_used,
+                     n_hvp=sol.n_hvp, hessian_fresh=fresh, accepted=accepted, failure=failure,
+                     grad_norm=float(np.linalg.norm(g)), theta_hat=float(jk.theta_hat),
+                     jackknife_sd=float(jk.sd), elbo=elbo_here, solver_status=sol.status)
+        context.progress.update(k, elbo=elbo_here, oracle=ledger.scaled, delta=delta)
+
+        if delta < o.delta_min:
+            status, message = "converged", f"trust-region radius below delta_min={o.delta_min}"
+            break
+        if o.stall_stop and stall_count >= o.stall_iters:
+            status, message = ("converged", f"ELBO gradient indistinguishable from Monte Carlo "
+                               f"noise at N_max={o.n_change_max} for {o.stall_iters} iterations")
+            break
+        if context.over_budget(ledger.scaled):
+            status, message = "budget", f"oracle budget {context.max_oracle_calls} spent"
+            break
+
+    return MethodResult(params=params, trace=trace, ledger=ledger, status=status, message=message,
+                        info={**counts, "final_delta": delta, "final_r": r,
+                              "final_n_change": n_change})
