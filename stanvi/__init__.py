@@ -11,9 +11,9 @@ from stanvi.stan.compiler import CompiledModel, compile_model
 from stanvi.stan.data import DataLike
 from stanvi.targets import JaxTarget, StanTarget
 
-import jax as _jax
+from stanvi.jax_config import configure as _configure_jax
 
-_jax.config.update("jax_enable_x64", True)
+_configure_jax()
 
 from stanvi.fit import Fit, fit  # noqa: E402
 

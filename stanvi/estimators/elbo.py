@@ -60,7 +60,7 @@ class ElboEstimator:
 
         self._values = jax.jit(jax.vmap(ell, in_axes=(None, 0)))
         self._values_and_grads = jax.jit(jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0)))
-        self._hvp = jax.jit(lambda p, eps, v: jax.jvp(jax.grad(mean_ell), (p,), (v,))[1])
+        self._hvp = jax.jit(lambda p, eps, v: jax.jvp(lambda q: jax.grad(mean_ell)(q, eps), (p,), (v,))[1])
         self._pair_differences = jax.jit(pair_differences)
         self._log_p_and_q = jax.jit(log_p_and_q)
 

@@ -46,7 +46,7 @@ import numpy as np
 from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
 from stanvi.methods.common import MethodResult, OracleLedger, Trace, purpose_key
 from stanvi.methods.context import RunContext
-from stanvi.optim.dense_tr import solve_dense_tr
+from stanvi.optim.dense_tr import TRResult, solve_dense_tr
 from stanvi.optim.gltr import solve_gltr, solve_subspace_reuse
 from stanvi.optim.jackknife import jackknife_snr, update_replication
 from stanvi.optim.sample_size import n_ineq11, n_ineq13, retrospective_update, tau_constants
@@ -79,6 +79,8 @@ class Options:
     hessian_max_reuse: int = 2        # consecutive reuses after rejections [P, R]
     reuse_mode: str = "subspace"      # 'subspace' (1 HVP) | 'sample' (same draws, new solve) | 'none'
     ineq13_gradient: str = "plugin"   # ‖∇L‖² in Ineq. 13: 'plugin' ‖g‖² [R] | 'unbiased' θ̂ [C]
+    tol_model: float | None = None    # stop when the Newton model predicts < tol_model nats [C]
+    tol_model_iters: int = 3          # ... on this many consecutive interior solves [C]
     stall_stop: bool = False          # stop on the stall signal [C]
     stall_iters: int = 5              # K_stall [C]
     init: str = "zero"                # initial mean when none is given: 'zero' [R] | 'random'
@@ -89,8 +91,9 @@ class Options:
 
 PROFILES: dict[str, dict] = {
     "paper": {},
-    "default": {"n_grad": 16, "n_hess": 8, "n_change0": 16, "r_max": 256, "delta0": 1.0,
-                "max_iters": 1000, "stall_stop": True},
+    "default": {"n_grad": 16, "n_hess": 8, "n_change0": 16, "r_max": 64, "n_change_max": 1024,
+                "delta0": 1.0, "tol_model_iters": 3,
+                "max_iters": 1000, "tol_model": 0.25},
 }
 DEFAULT_PROFILE = "default"
 
@@ -109,8 +112,6 @@ def _solve(options: Options, hvp, c: np.ndarray, delta: float):
 def _solve_dense(hvp, c: np.ndarray, delta: float):
     """Form B column by column (P operator applications) and solve exactly (§4.5.3); for
     small problems and tests.  Returns a GLTR-like result without a reusable basis."""
-    from stanvi.optim.gltr import TRResult  # noqa: PLC0415
-
     p = len(c)
     cols = [hvp(e) for e in np.eye(p)]
     B = np.column_stack(cols)
@@ -144,6 +145,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     last_solution = None     # for subspace reuse
     reuse_next = False
     stall_count = 0
+    small_model_count = 0
     status, message = "max_iters", f"reached max_iters={o.max_iters}"
     counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0, "rejected_failure": 0}
 
@@ -238,6 +240,18 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                      jackknife_sd=float(jk.sd), elbo=elbo_here, solver_status=sol.status)
         context.progress.update(k, elbo=elbo_here, oracle=ledger.scaled, delta=delta)
 
+        # converged-in-model: the predicted gain is below tol_model and either the solve was
+        # interior (a full Newton step gains that little) or the step was rejected (not even
+        # that much is realizable within the radius).
+        interior = sol.status != "non_finite" and not sol.on_boundary
+        small_model_count = small_model_count + 1 if (
+            o.tol_model is not None and np.isfinite(m_prime) and m_prime < o.tol_model
+            and (interior or not accepted)) else 0
+        if o.tol_model is not None and small_model_count >= o.tol_model_iters:
+            status, message = ("converged", f"the quadratic model predicted less than "
+                               f"{o.tol_model} nats of ELBO gain (at an interior Newton step or "
+                               f"a rejected step) on {o.tol_model_iters} consecutive iterations")
+            break
         if delta < o.delta_min:
             status, message = "converged", f"trust-region radius below delta_min={o.delta_min}"
             break

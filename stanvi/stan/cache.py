@@ -6,8 +6,9 @@ Layout under the cache root (``$STANVI_CACHE_DIR``, else ``$XDG_CACHE_HOME/stanv
     <root>/<toolchain fingerprint>/
         exact/  fd/               one directory per flag set (exact nested-AD HVP, finite differences)
             stanvi_pch.hpp(.gch)  precompiled stan/model/model_header.hpp (~800 MB, built once)
-            stanvi_bridge.o       the glue, compiled once and linked into every model
-        models/<name>-<key>/      one model library; <key> hashes the model code and its name
+            stanvi_bridge-<h>.o   the glue (h hashes its source), linked into every model
+        models/<name>-<key>/      one model library; <key> hashes the model code, its name and
+                                  the glue's hash
             model.stan, model.hpp, lib<name>.so, build.json (written last: the entry is complete)
         locks/                    file locks, one per artifact
 

@@ -24,11 +24,10 @@ from pathlib import Path
 from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.stan.cache import cache_root, file_sha256, lock_for, model_key
 from stanvi.stan.progress import StageProgress
-from stanvi.stan.toolchain import GLUE_SOURCE, Toolchain, find_toolchain
+from stanvi.stan.toolchain import GLUE_SOURCE, Toolchain, find_toolchain, glue_fingerprint
 
 _BUILD_RECORD = "build.json"
 _PCH_HEADER = "stanvi_pch.hpp"
-_GLUE_OBJECT = "stanvi_bridge.o"
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def compile_model(model: str | os.PathLike, *, name: str | None = None, progress
     name = _model_name(name or (Path(path).stem if path else "model"))
     toolchain = find_toolchain()
     tc_dir = cache_root() / toolchain.fingerprint
-    entry = tc_dir / "models" / f"{name}-{model_key(code, name)}"
+    entry = tc_dir / "models" / f"{name}-{model_key(code + glue_fingerprint(), name)}"
     if not force:
         found = _load_record(entry)
         if found is not None:
@@ -146,7 +145,7 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
             bar.stage("linking")
             tmp = entry / f".lib{name}.{os.getpid()}.so"
             link = _run([toolchain.cxx, "-shared", "-o", str(tmp), str(obj),
-                         str(flag_dir / _GLUE_OBJECT), *toolchain.link_flags()], "the linker")
+                         str(_glue_object(flag_dir)), *toolchain.link_flags()], "the linker")
             obj.unlink(missing_ok=True)
             if link.returncode != 0:
                 raise StanCompileError(f"linking the model library for {shown} failed:\n"
@@ -188,7 +187,7 @@ def _flag_set_dir(toolchain: Toolchain, tc_dir: Path, exact: bool, bar: StagePro
     flags = toolchain.compile_flags(exact)
     header = flag_dir / _PCH_HEADER
     gch = flag_dir / (_PCH_HEADER + ".gch")
-    glue = flag_dir / _GLUE_OBJECT
+    glue = _glue_object(flag_dir)
     with lock_for(tc_dir, f"flags-{flag_dir.name}"):
         if not header.exists():
             _atomic_write(header, "#include <stan/model/model_header.hpp>\n")
@@ -211,6 +210,10 @@ def _flag_set_dir(toolchain: Toolchain, tc_dir: Path, exact: bool, bar: StagePro
                 raise ToolchainError(f"compiling the stanvi bridge failed:\n{_tail(res.stderr)}")
             os.replace(tmp, glue)
     return flag_dir
+
+
+def _glue_object(flag_dir: Path) -> Path:
+    return flag_dir / f"stanvi_bridge-{glue_fingerprint()}.o"
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,16 +62,26 @@ class BatchedLibrary:
             fn.argtypes = argtypes
             fn.restype = ctypes.c_int
         self.hvp_exact = bool(self._lib.stanvi_hvp_is_exact())
+        self._buffers = threading.local()
+
+    def _message_buffer(self, n: int) -> ctypes.Array:
+        """A per-thread message buffer of at least n rows, reused across calls (the C++ side
+        writes only the rows that fail, and only those rows are read back)."""
+        buf = getattr(self._buffers, "buf", None)
+        if buf is None or len(buf) < n * MESSAGE_BYTES:
+            buf = ctypes.create_string_buffer(max(n, 256) * MESSAGE_BYTES)
+            self._buffers.buf = buf
+        return buf
 
     @staticmethod
     def _status(status: np.ndarray, buffer: ctypes.Array, n_failed: int) -> RowStatus:
         ok = status == 0
         messages: dict[int, str] = {}
         if n_failed:
-            raw = buffer.raw
+            base = ctypes.addressof(buffer)
             for row in np.flatnonzero(~ok):
-                chunk = raw[row * MESSAGE_BYTES:(row + 1) * MESSAGE_BYTES]
-                messages[int(row)] = chunk.split(b"\0", 1)[0].decode("utf-8", "replace")
+                text = ctypes.string_at(base + int(row) * MESSAGE_BYTES)
+                messages[int(row)] = text.decode("utf-8", "replace")
         return RowStatus(ok=ok, messages=messages)
 
     def log_density(self, model: int, z: np.ndarray, *, propto: bool, jacobian: bool,
@@ -78,7 +89,7 @@ class BatchedLibrary:
         n = z.shape[0]
         lp = np.empty(n)
         status = np.empty(n, dtype=np.int32)
-        buf = ctypes.create_string_buffer(n * MESSAGE_BYTES)
+        buf = self._message_buffer(n)
         failed = self._lib.stanvi_batch_log_density(model, propto, jacobian, n, z, lp, status, buf,
                                                      MESSAGE_BYTES, threads)
         return lp, self._status(status, buf, failed)
@@ -89,7 +100,7 @@ class BatchedLibrary:
         lp = np.empty(n)
         grad = np.empty_like(z)
         status = np.empty(n, dtype=np.int32)
-        buf = ctypes.create_string_buffer(n * MESSAGE_BYTES)
+        buf = self._message_buffer(n)
         failed = self._lib.stanvi_batch_gradient(model, propto, jacobian, n, z, lp, grad, status,
                                                   buf, MESSAGE_BYTES, threads)
         return lp, grad, self._status(status, buf, failed)
@@ -101,7 +112,7 @@ class BatchedLibrary:
         grad = np.empty_like(z)
         hvp = np.empty_like(z)
         status = np.empty(n, dtype=np.int32)
-        buf = ctypes.create_string_buffer(n * MESSAGE_BYTES)
+        buf = self._message_buffer(n)
         failed = self._lib.stanvi_batch_hvp(model, propto, jacobian, n, z, v, lp, grad, hvp, status,
                                              buf, MESSAGE_BYTES, threads)
         return lp, grad, hvp, self._status(status, buf, failed)
@@ -111,7 +122,7 @@ class BatchedLibrary:
         n = z.shape[0]
         out = np.empty((n, n_out))
         status = np.empty(n, dtype=np.int32)
-        buf = ctypes.create_string_buffer(n * MESSAGE_BYTES)
+        buf = self._message_buffer(n)
         failed = self._lib.stanvi_batch_constrain(model, include_tp, include_gq, n, z, out,
                                                    seed & 0xFFFFFFFF, status, buf, MESSAGE_BYTES,
                                                    threads)

@@ -57,13 +57,18 @@ class Toolchain:
 
     @property
     def fingerprint(self) -> str:
-        """A short hash of everything that changes the compiled output except the model itself."""
+        """A short hash of the toolchain and flags (what the precompiled header depends on)."""
         h = hashlib.sha256()
-        for part in (self.stanc_version, self.cxx_version, str(self.include_dir), " ".join(BASE_FLAGS),
-                     GLUE_SOURCE.read_text()):
+        for part in (self.stanc_version, self.cxx_version, str(self.include_dir), " ".join(BASE_FLAGS)):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:16]
+
+
+def glue_fingerprint() -> str:
+    """A short hash of the bridge's C++ source: the glue object and every model library linked
+    with it are rebuilt when it changes (the precompiled header is not)."""
+    return hashlib.sha256(GLUE_SOURCE.read_bytes()).hexdigest()[:12]
 
 
 def _httpstan_dir() -> Path:

@@ -1,0 +1,615 @@
+"""Stan's ADVI, exactly as Stan implements it (spec trustvi_hfsgvi_advi.md §2, §3, §7.2).
+
+Sources: [S] ``stan-dev/stan`` ``src/stan/variational/advi.hpp`` and the families
+``normal_meanfield.hpp`` / ``normal_fullrank.hpp``; [R] the TrustVI authors' fork
+(``jeff-regier/stan`` branch ``trustvi``, commit ``fd32b6c``), which changed ω₀ and added one ELBO
+before the SGD loop.
+
+The algorithm
+-------------
+1. ``elbo_init = calc_ELBO(q₀)``; failure ends the run (§2.6 step 1).
+2. Eta adaptation (§2.6, :func:`select_eta`): for η in (100, 10, 1, 0.1, 0.01), ``adapt_iter``
+   SGD steps from q₀ with a fresh step-size history; a failed gradient is a zero gradient and a
+   failed ELBO is −DBL_MAX.  Stan's greedy rule picks η; the state is reset to q₀ after every
+   trial, so the SGD phase starts again from q₀.
+3. SGD (§2.7): gradient, step size (§2.5, :func:`stan_step`), update; every ``eval_elbo``
+   iterations an ELBO and the relative-tolerance test on a circular buffer
+   (:class:`RelativeTolerance`).  Here a failed gradient or ELBO ends the run (status
+   ``'failed'``, the last iterate kept), as Stan's uncaught exception does.
+
+Design choices
+--------------
+* **Speed.** The SGD steps run in jitted chunks (:func:`_kernel`): one compiled call does up to
+  ``_CHUNK`` steps, with the gradient's drop-and-redraw rule (§2.3) inside JAX
+  (``lax.while_loop``), and returns every iterate.  Chunks end at ELBO checks, at the end of an
+  adaptation trial, at ``max_iterations`` and where the oracle budget runs out, so the Python
+  side only does bookkeeping (ledger, trace rows, ELBO checks).  One compile per
+  (estimator, grad_samples); the compiled chunk is cached per estimator (weakly).
+* **Drop rules.**  A draw fails when its ℓ = log p(z) + H(q) or its gradient is non-finite (the
+  project's Target convention: a throwing or non-finite row comes back as −inf / NaN).  [S]
+  checks only the gradient's finiteness in ``calc_grad``; for Stan targets the two coincide,
+  since a non-finite log density comes back with a NaN gradient.
+  Gradient: draws are consumed in order, in batches of ``grad_samples`` keyed
+  ``fold_in(purpose_key(key, t, 'gradient'), attempt)``; the ``10·grad_samples``-th drop fails
+  the gradient — bit-for-bit the rule (and the draws) of
+  :func:`stanvi.estimators.elbo.gradient_with_redraws` (tested).
+  ELBO (:func:`calc_elbo`): batches of ``elbo_samples`` on top of ``ElboEstimator.values``,
+  keyed ``fold_in(purpose_key(key, t, 'elbo'), attempt)``; the ``elbo_samples``-th drop fails.
+* **Random keys.** Global iteration t counts every gradient step, adaptation included (trace
+  row t is the iterate after step t).  Step t uses ``purpose_key(key, t, 'gradient')``; the ELBO
+  belonging to row t uses ``purpose_key(key, t, 'elbo')`` (elbo_init: t = 0); [R]'s pre-loop ELBO
+  uses ``purpose_key(key, 2**32 − 1, 'elbo')`` (no row owns it).
+* **Oracle accounting** (§3): ``grad_samples/256`` per gradient (a failed SGD gradient is charged
+  too: the work was done), ``elbo_samples/128`` per ``calc_ELBO`` (elbo_init, each trial, each
+  check, [R]'s pre-loop ELBO).  Dropped and redrawn draws are not charged extra.
+* **Trace** (§7.2): row 0 = q₀ (phase ``'init'``, ``elbo`` = elbo_init, charged to row 1 as §7.2
+  says); one row per gradient step: ``phase`` ('adapt' | 'sgd'), ``eta``, ``step`` (k within the
+  trial or the SGD phase); at ELBO evaluations ``elbo`` (``-inf`` plus ``elbo_failed=True`` for a
+  failed trial ELBO), and in SGD ``rel_change``, ``rel_mean``, ``rel_median``; ``grad_failed``
+  on adaptation steps that used a zero gradient; ``diverging`` where Stan prints "MAY BE
+  DIVERGING".  Trace wall times are taken when a chunk's rows are recorded.
+* **Budget.** The oracle budget is checked after every iteration (an iteration includes its ELBO
+  check); when spent the run stops with status ``'budget'`` and the last iterate (during
+  adaptation: the current trial's iterate).
+* **Statuses.** 'converged' (mean or median relative change < tol; takes precedence when the
+  check at ``max_iterations`` also converges), 'max_iters', 'budget', 'failed' (elbo_init
+  failed — params q₀; all step sizes failed — params q₀; SGD gradient/ELBO failed — last iterate).
+* **Warnings.** "MAY BE DIVERGING" raises one :class:`ADVIWarning` per run (and flags the rows);
+  Stan's informational messages are collected in ``info['messages']``.
+* **[R] profile details.** ``init_log_scale = −1`` applies to both families (for full-rank
+  L₀ = e⁻¹ I; [R] only changed the mean-field constructor, the paper only uses mean-field) [C].
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from stanvi.errors import VIError
+from stanvi.estimators.elbo import ElboEstimator, standard_normal
+from stanvi.methods.common import MethodResult, OracleLedger, Trace, purpose_key
+
+jax.config.update("jax_enable_x64", True)
+
+# Hard-coded in [S] advi.hpp / the families.
+ETA_GRID: tuple[float, ...] = (100.0, 10.0, 1.0, 0.1, 0.01)   # adapt_eta's eta_sequence
+TAU = 1.0                # step-size constants of §2.5
+PRE_FACTOR = 0.9
+POST_FACTOR = 0.1
+GRAD_RETRIES = 10        # calc_grad's n_retries: the 10·grad_samples-th drop raises
+DBL_MAX = sys.float_info.max
+
+_CHUNK = 100                     # gradient steps per compiled call (static buffer length)
+_PRELOOP_ITERATION = 2**32 - 1   # key index of [R]'s pre-loop ELBO (owned by no trace row)
+
+
+class ADVIWarning(UserWarning):
+    """Stan ADVI's "MAY BE DIVERGING... INSPECT ELBO" note."""
+
+
+class ElboFailure(VIError):
+    """``calc_ELBO`` dropped ``elbo_samples`` draws (the model threw or was non-finite)."""
+
+
+# --------------------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class Options:
+    """ADVI settings.  Defaults are Stan's ([S] ``services/experimental/advi/defaults.hpp``,
+    CmdStan's ``variational`` method); the ``paper`` profile changes what [R] changed.
+
+    Attributes:
+        max_iterations: [S] ``iter`` = 10000, SGD iterations after adaptation.
+        grad_samples: [S] 1 draw per gradient ([R]/paper: 256).
+        elbo_samples: [S] 100 draws per ``calc_ELBO``.
+        eta: [S] 1.0; the step-size scale, used only when ``adapt_engaged`` is False.
+        adapt_engaged: [S] True: choose eta by the grid search of ``adapt_eta``.
+        adapt_iter: [S] 50 SGD steps per trial eta.
+        tol_rel_obj: [S] 0.01 ([R]/paper: 1e-4), relative ELBO tolerance.
+        eval_elbo: [S] 100, iterations between ELBO checks.
+        output_samples: [S] 1000 approximate-posterior draws (see :func:`output_draws`).
+        init: initial mean when the caller gives none: 'random' = Stan's uniform(−2, 2) on the
+            unconstrained scale ([S] ``services::util::initialize``, ``init_radius`` 2);
+            'zero' = μ₀ = 0 ([R]'s TrustVI, used for all methods in the paper profile, §2.9).
+        init_log_scale: [S] 0 (ω₀ = 0 / L₀ = I); [R] −1 (σ₀ = e⁻¹, set in [R]'s
+            ``normal_meanfield(cont_params)``; applied to full-rank too as L₀ = e⁻¹ I [C]).
+        elbo_before_loop: [S] False; [R] True: one ``calc_ELBO(q)`` before the SGD loop, so the
+            first buffered relative change is a real change and a stop at iteration
+            ``eval_elbo`` is possible (§2.9).
+    """
+
+    max_iterations: int = 10000
+    grad_samples: int = 1
+    elbo_samples: int = 100
+    eta: float = 1.0
+    adapt_engaged: bool = True
+    adapt_iter: int = 50
+    tol_rel_obj: float = 0.01
+    eval_elbo: int = 100
+    output_samples: int = 1000
+    init: str = "random"
+    init_log_scale: float = 0.0
+    elbo_before_loop: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_iterations", "grad_samples", "elbo_samples", "adapt_iter", "eval_elbo",
+                     "output_samples"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"advi option {name} must be a positive integer, got {value!r}")
+        for name in ("eta", "tol_rel_obj"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"advi option {name} must be a positive number, got {value!r}")
+        if self.init not in ("random", "zero"):
+            raise ValueError(f"advi option init must be 'random' or 'zero', got {self.init!r}")
+        if not math.isfinite(self.init_log_scale):
+            raise ValueError(f"advi option init_log_scale must be finite, got {self.init_log_scale!r}")
+
+    @property
+    def cb_size(self) -> int:
+        """Circular-buffer capacity ``int(max(0.1·max_iterations/eval_elbo, 2.0))`` [S]."""
+        return int(max(0.1 * self.max_iterations / self.eval_elbo, 2.0))
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # Stan's defaults (§2.1, §2.2).
+    "stan": {},
+    # What [R] changed for the TrustVI paper's experiments (§2.9).
+    "paper": {"grad_samples": 256, "tol_rel_obj": 1e-4, "init_log_scale": -1.0, "init": "zero",
+              "elbo_before_loop": True},
+}
+DEFAULT_PROFILE = "stan"
+
+
+# --------------------------------------------------------------------------------- pure pieces
+def stan_step(params, s, g, k, eta):
+    """One step of Stan's adaptive step-size sequence (§2.5), elementwise over all parameters.
+
+    ``s_1 = s + g²`` (s is zero at k = 1: Stan's ``history += g²``),
+    ``s_k = 0.9 s + 0.1 g²`` for k ≥ 2, ``ρ_k = η k^{-1/2} / (1 + √s_k)`` and
+    ``λ ← λ + (η k^{-1/2} · g) / (1 + √s_k)`` (Stan's order of operations).
+
+    Returns (new params, new s, ρ_k).  Pure JAX; works on numpy inputs.
+    """
+    params, s, g = jnp.asarray(params), jnp.asarray(s), jnp.asarray(g)
+    g2 = g * g
+    s_new = jnp.where(k == 1, s + g2, PRE_FACTOR * s + POST_FACTOR * g2)
+    eta_scaled = eta / jnp.sqrt(jnp.asarray(k, dtype=jnp.float64))
+    denom = TAU + jnp.sqrt(s_new)
+    return params + (eta_scaled * g) / denom, s_new, eta_scaled / denom
+
+
+def select_eta(elbo_init: float, run_trial: Callable[[float], float],
+               etas: Sequence[float] = ETA_GRID) -> float:
+    """Stan's ``adapt_eta`` decision rule (§2.6 step 4).
+
+    ``run_trial(eta)`` runs one trial from q₀ and returns its ELBO (a failure as −DBL_MAX; any
+    non-finite value is treated as −DBL_MAX).  Trials run in order until the rule stops.
+    Raises :class:`VIError` ("All proposed step-sizes failed") when the last eta does not beat
+    ``elbo_init``.
+    """
+    elbo_best, eta_best = -DBL_MAX, 0.0
+    last = len(etas) - 1
+    for index, eta in enumerate(etas):
+        elbo = float(run_trial(eta))
+        if not math.isfinite(elbo):
+            elbo = -DBL_MAX
+        if elbo < elbo_best and elbo_best > elbo_init:
+            return eta_best
+        if index < last:
+            elbo_best, eta_best = elbo, eta
+        elif elbo > elbo_init:
+            return eta
+        else:
+            raise VIError("stan::variational::advi::adapt_eta: All proposed step-sizes failed. "
+                          "Your model may be either severely ill-conditioned or misspecified.")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def rel_difference(prev: float, curr: float) -> float:
+    """|(curr − prev) / prev| with IEEE semantics (÷0 gives inf or NaN, as in C++) [S]."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.abs((np.float64(curr) - np.float64(prev)) / np.float64(prev)))
+
+
+def circ_buff_median(values: Sequence[float]) -> float:
+    """Stan's buffer "median": the element at index ⌊n/2⌋ after ``nth_element`` (the upper
+    median for even n, no averaging) [S]."""
+    v = sorted(values)
+    return float(v[len(v) // 2])
+
+
+class Check(NamedTuple):
+    elbo: float
+    rel_change: float
+    rel_mean: float
+    rel_median: float
+    converged_mean: bool
+    converged_median: bool
+
+    @property
+    def converged(self) -> bool:
+        return self.converged_mean or self.converged_median
+
+
+class RelativeTolerance:
+    """The convergence bookkeeping of ``stochastic_gradient_ascent`` (§2.7).
+
+    ``elbo`` starts at 0.0 ([S]; so the first relative change is exactly 1.0) or at [R]'s
+    pre-loop ELBO.  Each :meth:`update` pushes ``rel_difference(elbo, elbo_prev)`` =
+    |(elbo_prev − elbo)/elbo| (denominator: the *current* ELBO) into a circular buffer of
+    capacity ``cb_size`` and tests its mean and upper median against ``tol``.
+    """
+
+    def __init__(self, cb_size: int, tol: float, elbo0: float = 0.0) -> None:
+        self.buffer: deque[float] = deque(maxlen=cb_size)
+        self.tol = tol
+        self.elbo = float(elbo0)
+        self.elbo_best = -DBL_MAX
+
+    def update(self, elbo: float) -> Check:
+        elbo_prev, self.elbo = self.elbo, float(elbo)
+        if self.elbo > self.elbo_best:
+            self.elbo_best = self.elbo
+        delta = rel_difference(self.elbo, elbo_prev)
+        self.buffer.append(delta)
+        mean = sum(self.buffer, 0.0) / len(self.buffer)   # std::accumulate, in buffer order
+        median = circ_buff_median(self.buffer)
+        return Check(self.elbo, delta, mean, median, mean < self.tol, median < self.tol)
+
+
+# --------------------------------------------------------------------------------- ELBO
+def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int) -> float:
+    """Stan's ``calc_ELBO`` (§2.4): mean of n finite ℓ_j = log p(z_j) + H(q).
+
+    Draws come in batches of the static size n (``fold_in(key, attempt)``) and are consumed in
+    order; a non-finite ℓ is dropped; the n-th drop raises :class:`ElboFailure`.
+    """
+    dim = estimator.family.dim
+    kept: list[np.ndarray] = []
+    have = dropped = attempt = 0
+    while have < n:
+        eps = standard_normal(jax.random.fold_in(key, attempt), n, dim)
+        attempt += 1
+        values = estimator.values(params, eps)
+        good = np.flatnonzero(np.isfinite(values))
+        need = n - have
+        consumed = int(good[need - 1]) + 1 if len(good) >= need else n
+        fails = consumed - min(len(good), need)
+        if dropped + fails >= n:
+            raise ElboFailure(f"stan::variational::advi::calc_ELBO: The number of dropped "
+                              f"evaluations has reached its maximum amount ({n}). Your model may "
+                              f"be either severely ill-conditioned or misspecified.")
+        dropped += fails
+        kept.append(values[good[:need]])
+        have += min(len(good), need)
+    return float(np.mean(np.concatenate(kept)))
+
+
+# --------------------------------------------------------------------------------- SGD kernel
+class ChunkResult(NamedTuple):
+    params: np.ndarray       # (P,) after the last completed step
+    s: np.ndarray            # (P,) step-size history after the last completed step
+    history: np.ndarray      # (n_done, P) iterate after each completed step
+    grad_failed: np.ndarray  # (n_done,) bool: the step's gradient failed (zero gradient used)
+    drops: np.ndarray        # (n_done,) dropped gradient draws per step
+    n_done: int
+    fatal: bool              # a gradient failed with absorb=False; step n_done + 1 not taken
+
+
+def _build_kernel(family, log_density, n: int):
+    dim, n_params, limit = family.dim, family.n_params, GRAD_RETRIES * n
+
+    def ell(params, e):
+        z = family.sample(params, e[None, :])[0]
+        return log_density(z) + family.entropy(params)
+
+    value_and_grads = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))
+    index = jnp.arange(n)
+
+    def gradient(params, key):
+        """calc_grad (§2.3) with the semantics of gradient_with_redraws."""
+        def cond(c):
+            return (c[1] < n) & ~c[4]
+
+        def body(c):
+            attempt, have, dropped, gsum, failed = c
+            eps = jax.random.normal(jax.random.fold_in(key, attempt), (n, dim), dtype=jnp.float64)
+            values, grads = value_and_grads(params, eps)
+            ok = jnp.isfinite(values) & jnp.all(jnp.isfinite(grads), axis=1)
+            done = jnp.cumsum(ok) >= n - have
+            done_at = jnp.where(done.any(), jnp.argmax(done), n)
+            hit = dropped + jnp.cumsum(~ok) >= limit
+            fail_at = jnp.where(hit.any(), jnp.argmax(hit), n)
+            take = ok & (index <= done_at)
+            gsum = gsum + jnp.sum(jnp.where(take[:, None], grads, 0.0), axis=0)
+            return (attempt + 1, have + jnp.sum(take, dtype=jnp.int32),
+                    dropped + jnp.sum(~ok & (index < done_at), dtype=jnp.int32),
+                    gsum, failed | (fail_at < done_at))
+
+        zero = jnp.zeros((), jnp.int32)
+        init = (zero, zero, zero, jnp.zeros(n_params), jnp.zeros((), bool))
+        _, _, dropped, gsum, failed = lax.while_loop(cond, body, init)
+        return gsum / n, failed, dropped
+
+    def advance(params, s, k0, n_steps, t0, eta, key, absorb):
+        def cond(c):
+            return (c[0] < n_steps) & ~c[6]
+
+        def body(c):
+            i, params, s, hist, gfail, drops, _ = c
+            g, failed, dropped = gradient(params, purpose_key(key, t0 + i + 1, "gradient"))
+            fatal = failed & ~absorb
+            new_params, new_s, _ = stan_step(params, s, jnp.where(failed, 0.0, g), k0 + i + 1, eta)
+            params = jnp.where(fatal, params, new_params)
+            s = jnp.where(fatal, s, new_s)
+            return (jnp.where(fatal, i, i + 1), params, s, hist.at[i].set(params),
+                    gfail.at[i].set(failed), drops.at[i].set(dropped), fatal)
+
+        init = (jnp.zeros((), jnp.int32), params, s, jnp.zeros((_CHUNK, n_params)),
+                jnp.zeros(_CHUNK, bool), jnp.zeros(_CHUNK, jnp.int32), jnp.zeros((), bool))
+        i, params, s, hist, gfail, drops, fatal = lax.while_loop(cond, body, init)
+        return params, s, hist, gfail, drops, i, fatal
+
+    return jax.jit(advance)
+
+
+_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _kernel(estimator: ElboEstimator, grad_samples: int):
+    """The compiled chunk for (estimator, grad_samples), cached weakly on the estimator."""
+    per_estimator = _KERNELS.setdefault(estimator, {})
+    if grad_samples not in per_estimator:
+        per_estimator[grad_samples] = _build_kernel(estimator.family, estimator.log_density,
+                                                    grad_samples)
+    return per_estimator[grad_samples]
+
+
+def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: int, eta: float,
+            key: jax.Array, absorb: bool, grad_samples: int) -> ChunkResult:
+    """Run gradient steps k = k0+1 … k0+n_steps (global iterations t0+1 …) of §2.5 with
+    ``grad_samples`` draws per gradient (at most ``_CHUNK`` steps per call).
+
+    ``absorb=True`` (adaptation): a failed gradient is a zero gradient.  ``absorb=False`` (SGD):
+    stop at the first failed gradient (``fatal``) with the iterate before it.
+    """
+    if not 1 <= n_steps <= _CHUNK:
+        raise ValueError(f"n_steps must be in [1, {_CHUNK}], got {n_steps}")
+    out = _kernel(estimator, grad_samples)(
+        jnp.asarray(params, dtype=jnp.float64), jnp.asarray(s, dtype=jnp.float64),
+        np.int32(k0), np.int32(n_steps), np.int32(t0), np.float64(eta), key, np.bool_(absorb))
+    p, s, hist, gfail, drops, n_done, fatal = jax.device_get(out)
+    n_done = int(n_done)
+    return ChunkResult(np.asarray(p), np.asarray(s), np.asarray(hist)[:n_done],
+                       np.asarray(gfail)[:n_done], np.asarray(drops)[:n_done], n_done, bool(fatal))
+
+
+# --------------------------------------------------------------------------------- run
+class _BudgetSpent(Exception):
+    """Internal: the oracle budget ran out inside an adaptation trial."""
+
+
+def _steps_within_budget(context, scaled: float, per_step: float, n: int) -> int:
+    """How many of the next n gradient steps run before the budget is spent (the step that
+    spends it included), mirroring the ledger's float accumulation."""
+    if context.max_oracle_calls is None:
+        return n
+    for i in range(1, n + 1):
+        scaled += per_step
+        if context.over_budget(scaled):
+            return i
+    return n
+
+
+def initial_mean(options: Options, context) -> tuple[np.ndarray, str]:
+    """μ₀: the caller's init if given, else Stan's random init or zeros (``options.init``)."""
+    if context.init_mu is not None:
+        return np.asarray(context.init_mu, dtype=float), "user"
+    if options.init == "random":
+        return np.asarray(context.random_init_mu, dtype=float), "random"
+    return np.zeros(len(context.random_init_mu)), "zero"
+
+
+def run(target, family, *, key: jax.Array, options: Options, context) -> MethodResult:
+    """Stan's ADVI on ``target`` with variational ``family`` (MeanField or FullRank('stan')).
+
+    Returns a :class:`MethodResult`; ``info`` holds ``eta`` (used), ``eta_adapted``,
+    ``elbo_init``, ``adapt_elbos`` (list of {eta, elbo} per trial run; a failed trial ELBO is
+    −DBL_MAX as in Stan), ``adapt_steps``, ``sgd_iterations``, ``elbo`` (last ELBO check),
+    ``elbo_best``, ``rel_mean``/``rel_median`` (last check), ``converged_by``, ``cb_size``,
+    ``pre_loop_elbo`` ([R] profile), ``grad_draws_dropped``, ``init`` and ``messages``.
+    """
+    est: ElboEstimator = context.estimator
+    if est.family != family:
+        raise ValueError(f"context.estimator was built for {est.family}, not {family}")
+    if getattr(target, "dim", family.dim) != family.dim:
+        raise ValueError(f"family dimension {family.dim} != target dimension {target.dim}")
+    opt = options
+    mu0, init_kind = initial_mean(opt, context)
+    params0 = np.asarray(family.initial_params(mu0, opt.init_log_scale), dtype=float)
+    zeros = np.zeros_like(params0)
+    per_grad = opt.grad_samples / 256.0  # for budget look-ahead; the ledger charges the same
+    ledger, trace = OracleLedger(), Trace()
+    info: dict[str, Any] = {"init": init_kind, "cb_size": opt.cb_size, "messages": [],
+                            "adapt_elbos": [], "adapt_steps": 0, "sgd_iterations": 0,
+                            "grad_draws_dropped": 0, "eta_adapted": bool(opt.adapt_engaged)}
+    state = {"t": 0, "params": params0}
+
+    def result(status: str, message: str = "", params=None) -> MethodResult:
+        p = state["params"] if params is None else params
+        return MethodResult(np.array(p, dtype=float), trace, ledger, status, message, info)
+
+    def elbo_at(params, t: int) -> float:
+        ledger.elbo_estimate(opt.elbo_samples)
+        return calc_elbo(est, params, purpose_key(key, t, "elbo"), opt.elbo_samples)
+
+    def run_steps(params, s, k0, n, eta, absorb, fields):
+        """Run n steps, record all but the last row; return (chunk, last row's fields)."""
+        chunk = advance(est, params, s, k0=k0, n_steps=n, t0=state["t"], eta=eta, key=key,
+                        absorb=absorb, grad_samples=opt.grad_samples)
+        info["grad_draws_dropped"] += int(chunk.drops.sum())
+        rows = []
+        for i in range(chunk.n_done):
+            ledger.gradient(opt.grad_samples)
+            row = dict(fields, step=k0 + i + 1)
+            if chunk.grad_failed[i]:
+                row["grad_failed"] = True
+            rows.append(row)
+            if i < chunk.n_done - 1:
+                trace.record(state["t"] + i + 1, chunk.history[i], ledger, **row)
+        return chunk, (rows[-1] if rows else None)
+
+    def finish_row(chunk, row):
+        state["t"] += chunk.n_done
+        state["params"] = chunk.history[-1]
+        trace.record(state["t"], chunk.history[-1], ledger, **row)
+
+    # ---- row 0 and elbo_init (charged to iteration 1, §7.2)
+    trace.record(0, params0, ledger, phase="init")
+    if opt.adapt_engaged:
+        try:
+            elbo_init = elbo_at(params0, 0)
+        except ElboFailure as exc:
+            info["elbo_init"] = None
+            return result("failed", "stan::variational::advi::adapt_eta: Cannot compute ELBO using "
+                          "the initial variational distribution. Your model may be either "
+                          f"severely ill-conditioned or misspecified. ({exc})")
+        info["elbo_init"] = elbo_init
+        trace.rows[0]["elbo"] = elbo_init
+
+        # ---- eta adaptation (§2.6)
+        def run_trial(eta: float) -> float:
+            params, s, k = params0, zeros, 0
+            while k < opt.adapt_iter:
+                n = min(_CHUNK, opt.adapt_iter - k)
+                n = _steps_within_budget(context, ledger.scaled, per_grad, n)
+                chunk, row = run_steps(params, s, k, n, eta, True, {"phase": "adapt", "eta": eta})
+                params, s, k = chunk.params, chunk.s, k + n
+                if k == opt.adapt_iter:
+                    try:
+                        elbo = elbo_at(params, state["t"] + chunk.n_done)
+                        row["elbo"] = elbo
+                    except ElboFailure:
+                        elbo = -DBL_MAX
+                        row.update(elbo=-math.inf, elbo_failed=True)
+                    info["adapt_elbos"].append({"eta": eta, "elbo": elbo})
+                finish_row(chunk, row)
+                info["adapt_steps"] = state["t"]
+                context.progress.update(state["t"], elbo=row.get("elbo", math.nan),
+                                        oracle=ledger.scaled)
+                if context.over_budget(ledger.scaled):
+                    raise _BudgetSpent
+            return elbo
+
+        try:
+            eta = select_eta(elbo_init, run_trial)
+        except _BudgetSpent:
+            info["eta"] = None
+            return result("budget", "oracle budget spent during eta adaptation")
+        except VIError as exc:
+            info["eta"] = None
+            return result("failed", str(exc), params=params0)
+    else:
+        eta = float(opt.eta)
+    info["eta"] = eta
+    sgd_start = state["t"]
+
+    # ---- SGD (§2.7), from q₀ again
+    monitor = RelativeTolerance(opt.cb_size, opt.tol_rel_obj)
+    if opt.elbo_before_loop:
+        try:
+            monitor.elbo = elbo_at(params0, _PRELOOP_ITERATION)
+        except ElboFailure as exc:
+            return result("failed", str(exc), params=params0)
+        info["pre_loop_elbo"] = monitor.elbo
+    params, s, k = params0, zeros, 0
+    warned = False
+    status, message = None, ""
+    while status is None:
+        next_check = (k // opt.eval_elbo + 1) * opt.eval_elbo
+        n = min(_CHUNK, next_check - k, opt.max_iterations - k)
+        n = _steps_within_budget(context, ledger.scaled, per_grad, n)
+        chunk, row = run_steps(params, s, k, n, eta, False, {"phase": "sgd", "eta": eta})
+        if chunk.fatal:
+            if row is not None:
+                finish_row(chunk, row)
+            ledger.gradient(opt.grad_samples)   # the failed gradient's work was done
+            info["sgd_iterations"] = state["t"] - sgd_start
+            return result("failed", f"stan::variational::advi::calc_ELBO_grad: The number of "
+                          f"dropped evaluations has reached its maximum amount "
+                          f"({GRAD_RETRIES * opt.grad_samples}). Your model may be either "
+                          f"severely ill-conditioned or misspecified. (SGD iteration "
+                          f"{k + chunk.n_done + 1})")
+        params, s, k = chunk.params, chunk.s, k + n
+        if k % opt.eval_elbo == 0:
+            try:
+                check = monitor.update(elbo_at(params, state["t"] + n))
+            except ElboFailure as exc:
+                row["elbo_failed"] = True
+                finish_row(chunk, row)
+                info["sgd_iterations"] = k
+                return result("failed", f"{exc} (SGD iteration {k})")
+            row.update(elbo=check.elbo, rel_change=check.rel_change, rel_mean=check.rel_mean,
+                       rel_median=check.rel_median)
+            info.update(elbo=check.elbo, elbo_best=monitor.elbo_best, rel_mean=check.rel_mean,
+                        rel_median=check.rel_median)
+            if k > 10 * opt.eval_elbo and (check.rel_median > 0.5 or check.rel_mean > 0.5):
+                row["diverging"] = True
+                info["messages"].append(f"iteration {k}: MAY BE DIVERGING... INSPECT ELBO")
+                if not warned:
+                    warned = True
+                    warnings.warn(f"ADVI at iteration {k}: relative ELBO change mean "
+                                  f"{check.rel_mean:.3g}, median {check.rel_median:.3g}: MAY BE "
+                                  f"DIVERGING... INSPECT ELBO", ADVIWarning, stacklevel=2)
+            if check.converged:
+                status = "converged"
+                info["converged_by"] = "+".join(
+                    name for name, hit in (("mean", check.converged_mean),
+                                           ("median", check.converged_median)) if hit)
+                if rel_difference(check.elbo, monitor.elbo_best) > 0.05:
+                    info["messages"].append(
+                        "Informational Message: The ELBO at a previous iteration is larger than "
+                        "the ELBO upon convergence! This variational approximation may not have "
+                        "converged to a good optimum.")
+        if status is None and k == opt.max_iterations:
+            status = "max_iters"
+            info["messages"].append("Informational Message: The maximum number of iterations is "
+                                    "reached! The algorithm may not have converged.")
+        finish_row(chunk, row)
+        info["sgd_iterations"] = k
+        context.progress.update(state["t"], elbo=monitor.elbo, oracle=ledger.scaled)
+        if status is None and context.over_budget(ledger.scaled):
+            status, message = "budget", f"oracle budget spent after {k} SGD iterations"
+    return result(status, message)
+
+
+# --------------------------------------------------------------------------------- output
+def output_draws(estimator: ElboEstimator, params, key: jax.Array, n: int = 1000
+                 ) -> dict[str, np.ndarray]:
+    """Stan's ADVI output (§2.8): row 0 is the mean μ with ``lp__ = log_p__ = log_g__ = 0``, then
+    n draws z = g(λ, ε) with ``lp__ = 0``, ``log_p__ = log p(z)`` (propto=False, jacobian=True;
+    −inf where the model fails) and ``log_g__ = −½‖ε‖²``.
+
+    Returns ``{"z": (1+n, D), "lp__", "log_p__", "log_g__": (1+n,)}`` on the unconstrained scale;
+    the caller constrains z.  Use ``purpose_key(run_key, 0, 'output')`` for ``key``.
+    """
+    family = estimator.family
+    eps = standard_normal(key, n, family.dim)
+    z, log_p, _ = estimator.log_p_and_q(params, eps)
+    mean = np.asarray(family.mean(jnp.asarray(params)))
+    return {"z": np.vstack([mean[None, :], z]),
+            "lp__": np.zeros(n + 1),
+            "log_p__": np.concatenate([[0.0], log_p]),
+            "log_g__": np.concatenate([[0.0], -0.5 * np.sum(eps * eps, axis=1)])}

@@ -1,0 +1,159 @@
+"""Shared fixtures: the project's example models, each compiled once per test run.
+
+Compiling a model takes ~10 s (the ODE model more: it needs the finite-difference toolchain
+build), so the first fixture that asks for a model starts compiling *all* of them in the
+background, two at a time (g++ is single-threaded), in the order the test files need them.
+A test then waits only for the model it uses.  Loaded targets are session-scoped too: tests that
+look at the oracle counter compare snapshots, never absolute values.
+
+The compile cache is whatever ``$STANVI_CACHE_DIR`` (default ``~/.cache/stanvi``) says; tests that
+exercise the cache itself use programs with a random comment, so they never meet a stale entry.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stanvi
+from stanvi.stan.compiler import CompiledModel, compile_model
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS_DIR = ROOT / "stan_models"
+
+# key -> (stan file, data file), in the order compilation is started (slowest first).
+MODELS: dict[str, tuple[str, str | None]] = {
+    "ode": ("ode/ode.stan", "ode/ode.data.json"),
+    "eight_schools": ("eight_schools/eight_schools_noncentered.stan",
+                      "eight_schools/eight_schools.data.json"),
+    "gaussian": ("gaussian/gaussian.stan", "gaussian/gaussian.data.json"),
+    "constrained_params": ("constrained_params/constrained_params.stan",
+                           "constrained_params/constrained_params.data.json"),
+    "hierarchical_radon": ("hierarchical_radon/hierarchical_radon.stan",
+                           "hierarchical_radon/hierarchical_radon.data.json"),
+    "reject_region": ("reject_region/reject_region.stan", "reject_region/reject_region.data.json"),
+    "tp_gq": ("tp_gq/tp_gq.stan", "tp_gq/tp_gq.data.json"),
+    "bernoulli": ("bernoulli/bernoulli.stan", "bernoulli/bernoulli.data.json"),
+    "eight_schools_centered": ("eight_schools/eight_schools_centered.stan",
+                               "eight_schools/eight_schools.data.json"),
+    "logistic_regression": ("logistic_regression/logistic_regression.stan",
+                            "logistic_regression/logistic_regression.data.json"),
+    "poisson_glm": ("poisson_glm/poisson_glm.stan", "poisson_glm/poisson_glm.data.json"),
+    "linear_regression": ("linear_regression/linear_regression.stan",
+                          "linear_regression/linear_regression.data.json"),
+    "gaussian_diag": ("gaussian_diag/gaussian_diag.stan", "gaussian_diag/gaussian_diag.data.json"),
+}
+
+
+def stan_file(key: str) -> Path:
+    return MODELS_DIR / MODELS[key][0]
+
+
+def data_file(key: str) -> Path:
+    return MODELS_DIR / MODELS[key][1]
+
+
+def data_dict(key: str) -> dict:
+    return json.loads(data_file(key).read_text())
+
+
+class ModelCompiler:
+    """Compiles every example model in the background (2 workers) on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: dict[str, Future] = {}
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stan-compile")
+                for key in MODELS:
+                    self._futures[key] = self._pool.submit(compile_model, stan_file(key),
+                                                           progress=False)
+
+    def __call__(self, key: str) -> CompiledModel:
+        self._start()
+        return self._futures[key].result()
+
+    def wait_all(self) -> None:
+        """Block until every background compile has finished (successfully or not)."""
+        self._start()
+        for fut in self._futures.values():
+            fut.exception()
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="session")
+def compiled():
+    """``compiled(key) -> CompiledModel`` for the keys of :data:`MODELS`."""
+    compiler = ModelCompiler()
+    yield compiler
+    compiler.shutdown()
+
+
+@pytest.fixture(scope="session")
+def all_compiled(compiled):
+    """Waits for every background compile: tests that touch the toolchain lookup or the
+    environment (``$CXX``) must not race with compiles running in other threads."""
+    compiled.wait_all()
+    return compiled
+
+
+@pytest.fixture(scope="session")
+def load_target(compiled):
+    """``load_target(key, threads=None) -> StanTarget``, memoized per (key, threads)."""
+    cache: dict = {}
+    lock = threading.Lock()
+
+    def load(key: str, threads: int | None = None):
+        with lock:
+            if (key, threads) not in cache:
+                cache[(key, threads)] = stanvi.load(compiled(key), data_file(key),
+                                                    threads=threads, progress=False)
+            return cache[(key, threads)]
+
+    return load
+
+
+def _target_fixture(key: str):
+    @pytest.fixture(scope="session")
+    def fixture(load_target):
+        return load_target(key)
+
+    return fixture
+
+
+eight_schools = _target_fixture("eight_schools")
+gaussian = _target_fixture("gaussian")
+gaussian_diag = _target_fixture("gaussian_diag")
+constrained_params = _target_fixture("constrained_params")
+hierarchical_radon = _target_fixture("hierarchical_radon")
+reject_region = _target_fixture("reject_region")
+tp_gq = _target_fixture("tp_gq")
+bernoulli = _target_fixture("bernoulli")
+ode = _target_fixture("ode")
+
+
+def random_points(target, n: int, seed: int, scale: float = 1.0) -> np.ndarray:
+    """n points near the model's typical set: Stan initial points (uniform(-2, 2) on the
+    unconstrained scale, retried until finite) plus a little Gaussian jitter."""
+    rng = np.random.default_rng(seed)
+    base = np.stack([target.initial_point(seed=seed * 1000 + i) for i in range(n)])
+    return base * scale + 0.1 * rng.standard_normal(base.shape)
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy Generator seeded from the test's name (reproducible, different per test)."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
