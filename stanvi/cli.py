@@ -3,6 +3,7 @@
     stanvi compile MODEL.stan            compile (cached) and print the library path
     stanvi info MODEL.stan [--data D]    parameters, shapes, unconstrained dimension
     stanvi bench target                  cost of the Stan target layer (see stanvi.bench.target_bench)
+    stanvi bench methods                 TrustVI vs ADVI vs HFSGVI on stan_models (methods_bench)
 
 Errors print one readable line (plus stanc's or Stan's own message) and exit with status 1.
 """
@@ -47,6 +48,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         target_bench.run(Path(args.models_dir), cold=not args.no_cold, batch=args.batch)
         return 0
+    if args.what == "methods":
+        from stanvi.bench import methods_bench  # noqa: PLC0415
+
+        configs = methods_bench.DEFAULT_CONFIGS
+        if args.configs:
+            configs = tuple(tuple(c.split(":", 1)) for c in args.configs.split(","))
+        methods_bench.run(Path(args.models_dir), models=args.models.split(",") if args.models else None,
+                          seeds=args.seeds, configs=configs,
+                          output=Path(args.output) if args.output else None)
+        return 0
     raise SystemExit(f"unknown benchmark {args.what}")
 
 
@@ -67,10 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
-    p.add_argument("what", choices=["target"], help="target: cost of gradients/HVPs, batching, JAX bridge, compiles")
+    p.add_argument("what", choices=["target", "methods"],
+                   help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
+                        "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol)")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
+    p.add_argument("--models", default=None, help="methods: comma-separated model names (default: all)")
+    p.add_argument("--seeds", type=int, default=5, help="methods: runs per method and model (default 5)")
+    p.add_argument("--configs", default=None,
+                   help="methods: comma-separated method:profile list (default: trustvi:default,"
+                        "trustvi:paper,advi:paper,advi:stan,hfsgvi:paper)")
+    p.add_argument("--output", default=None, help="methods: write the figures as JSON here")
     p.set_defaults(func=_cmd_bench)
     return parser
 

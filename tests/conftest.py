@@ -51,6 +51,12 @@ MODELS: dict[str, tuple[str, str | None]] = {
 }
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "exposes_bug(reason): the test fails because of a bug in stanvi/ (or in Stan "
+        "upstream that stanvi should work around); the reason says which. Never skipped.")
+
+
 def stan_file(key: str) -> Path:
     return MODELS_DIR / MODELS[key][0]
 
@@ -135,6 +141,7 @@ def _target_fixture(key: str):
 
 
 eight_schools = _target_fixture("eight_schools")
+eight_schools_centered = _target_fixture("eight_schools_centered")
 gaussian = _target_fixture("gaussian")
 gaussian_diag = _target_fixture("gaussian_diag")
 constrained_params = _target_fixture("constrained_params")

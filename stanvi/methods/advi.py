@@ -429,7 +429,8 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     ``elbo_init``, ``adapt_elbos`` (list of {eta, elbo} per trial run; a failed trial ELBO is
     −DBL_MAX as in Stan), ``adapt_steps``, ``sgd_iterations``, ``elbo`` (last ELBO check),
     ``elbo_best``, ``rel_mean``/``rel_median`` (last check), ``converged_by``, ``cb_size``,
-    ``pre_loop_elbo`` ([R] profile), ``grad_draws_dropped``, ``init`` and ``messages``.
+    ``pre_loop_elbo`` ([R] profile), ``grad_draws_dropped`` (dropped gradient draws),
+    ``grad_failures`` (gradients that hit the drop limit), ``init`` and ``messages``.
     """
     est: ElboEstimator = context.estimator
     if est.family != family:
@@ -444,7 +445,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     ledger, trace = OracleLedger(), Trace()
     info: dict[str, Any] = {"init": init_kind, "cb_size": opt.cb_size, "messages": [],
                             "adapt_elbos": [], "adapt_steps": 0, "sgd_iterations": 0,
-                            "grad_draws_dropped": 0, "eta_adapted": bool(opt.adapt_engaged)}
+                            "grad_draws_dropped": 0, "grad_failures": 0, "eta_adapted": bool(opt.adapt_engaged)}
     state = {"t": 0, "params": params0}
 
     def result(status: str, message: str = "", params=None) -> MethodResult:
@@ -460,6 +461,10 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         chunk = advance(est, params, s, k0=k0, n_steps=n, t0=state["t"], eta=eta, key=key,
                         absorb=absorb, grad_samples=opt.grad_samples)
         info["grad_draws_dropped"] += int(chunk.drops.sum())
+        info["grad_failures"] += int(chunk.grad_failed.sum())
+        if chunk.fatal:   # the failed gradient dropped its limit of draws
+            info["grad_draws_dropped"] += GRAD_RETRIES * opt.grad_samples
+            info["grad_failures"] += 1
         rows = []
         for i in range(chunk.n_done):
             ledger.gradient(opt.grad_samples)

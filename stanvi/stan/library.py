@@ -16,12 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from numpy.ctypeslib import ndpointer
 
 MESSAGE_BYTES = 512  # per failed row
 
-_f64 = ndpointer(dtype=np.float64, flags="C_CONTIGUOUS")
-_i32 = ndpointer(dtype=np.int32, flags="C_CONTIGUOUS")
+# Array arguments are passed as raw addresses (``_ptr``): numpy's ndpointer checks cost more than
+# the C++ call itself for small batches.  Every array passed is created or validated here
+# (float64 / int32, C-contiguous).
+_f64 = ctypes.c_void_p
+_i32 = ctypes.c_void_p
+
+
+def _ptr(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]
 _c_bool, _c_int, _vp = ctypes.c_bool, ctypes.c_int, ctypes.c_void_p
 
 _SIGNATURES = {
@@ -56,7 +62,13 @@ class BatchedLibrary:
 
     def __init__(self, library: str | os.PathLike) -> None:
         self.path = str(Path(library).resolve())
-        self._lib = ctypes.CDLL(self.path)
+        try:
+            self._lib = ctypes.CDLL(self.path)
+        except OSError as exc:
+            from stanvi.errors import ToolchainError  # noqa: PLC0415
+
+            raise ToolchainError(f"cannot load the model library {self.path}: {exc}; delete it "
+                                 "(or its cache directory) to rebuild") from None
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(self._lib, name)
             fn.argtypes = argtypes
@@ -86,45 +98,55 @@ class BatchedLibrary:
 
     def log_density(self, model: int, z: np.ndarray, *, propto: bool, jacobian: bool,
                     threads: int) -> tuple[np.ndarray, RowStatus]:
+        z = np.ascontiguousarray(z, dtype=np.float64)  # callers pass (n, D) rows
         n = z.shape[0]
         lp = np.empty(n)
         status = np.empty(n, dtype=np.int32)
         buf = self._message_buffer(n)
-        failed = self._lib.stanvi_batch_log_density(model, propto, jacobian, n, z, lp, status, buf,
+        failed = self._lib.stanvi_batch_log_density(model, propto, jacobian, n, _ptr(z), _ptr(lp),
+                                                     _ptr(status), buf,
                                                      MESSAGE_BYTES, threads)
         return lp, self._status(status, buf, failed)
 
     def gradient(self, model: int, z: np.ndarray, *, propto: bool, jacobian: bool,
                  threads: int) -> tuple[np.ndarray, np.ndarray, RowStatus]:
+        z = np.ascontiguousarray(z, dtype=np.float64)  # callers pass (n, D) rows
         n = z.shape[0]
         lp = np.empty(n)
         grad = np.empty_like(z)
         status = np.empty(n, dtype=np.int32)
         buf = self._message_buffer(n)
-        failed = self._lib.stanvi_batch_gradient(model, propto, jacobian, n, z, lp, grad, status,
+        failed = self._lib.stanvi_batch_gradient(model, propto, jacobian, n, _ptr(z), _ptr(lp),
+                                                  _ptr(grad), _ptr(status),
                                                   buf, MESSAGE_BYTES, threads)
         return lp, grad, self._status(status, buf, failed)
 
     def hvp(self, model: int, z: np.ndarray, v: np.ndarray, *, propto: bool, jacobian: bool,
             threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, RowStatus]:
+        z = np.ascontiguousarray(z, dtype=np.float64)  # callers pass (n, D) rows
+        v = np.ascontiguousarray(v, dtype=np.float64)
+        if v.shape != z.shape:
+            raise ValueError(f"directions {v.shape} do not match points {z.shape}")
         n = z.shape[0]
         lp = np.empty(n)
         grad = np.empty_like(z)
         hvp = np.empty_like(z)
         status = np.empty(n, dtype=np.int32)
         buf = self._message_buffer(n)
-        failed = self._lib.stanvi_batch_hvp(model, propto, jacobian, n, z, v, lp, grad, hvp, status,
+        failed = self._lib.stanvi_batch_hvp(model, propto, jacobian, n, _ptr(z), _ptr(v), _ptr(lp),
+                                             _ptr(grad), _ptr(hvp), _ptr(status),
                                              buf, MESSAGE_BYTES, threads)
         return lp, grad, hvp, self._status(status, buf, failed)
 
     def constrain(self, model: int, z: np.ndarray, n_out: int, *, include_tp: bool,
                   include_gq: bool, seed: int, threads: int) -> tuple[np.ndarray, RowStatus]:
+        z = np.ascontiguousarray(z, dtype=np.float64)  # callers pass (n, D) rows
         n = z.shape[0]
         out = np.empty((n, n_out))
         status = np.empty(n, dtype=np.int32)
         buf = self._message_buffer(n)
-        failed = self._lib.stanvi_batch_constrain(model, include_tp, include_gq, n, z, out,
-                                                   seed & 0xFFFFFFFF, status, buf, MESSAGE_BYTES,
+        failed = self._lib.stanvi_batch_constrain(model, include_tp, include_gq, n, _ptr(z), _ptr(out),
+                                                   seed & 0xFFFFFFFF, _ptr(status), buf, MESSAGE_BYTES,
                                                    threads)
         return out, self._status(status, buf, failed)
 

@@ -53,7 +53,9 @@ class Toolchain:
         return flags
 
     def link_flags(self) -> list[str]:
-        return [f"-L{self.lib_dir}", *LINK_LIBRARIES, f"-Wl,-rpath,{self.lib_dir}"]
+        # --no-undefined: a symbol missing from the Stan libraries fails the link, not the load.
+        return [f"-L{self.lib_dir}", *LINK_LIBRARIES, f"-Wl,-rpath,{self.lib_dir}",
+                "-Wl,--no-undefined"]
 
     @property
     def fingerprint(self) -> str:

@@ -124,9 +124,8 @@ class StanTarget:
     @staticmethod
     def _nan_rows(z: np.ndarray, lp: np.ndarray) -> None:
         """NaN in, NaN out: a row with a NaN coordinate gets a NaN log density, not -inf."""
-        bad = np.isnan(z).any(axis=1)
-        if bad.any():
-            lp[bad] = np.nan
+        if np.isnan(z.sum()):  # cheap test first; the row-wise one only when needed
+            lp[np.isnan(z).any(axis=1)] = np.nan
 
     def log_density(self, z: np.ndarray) -> BatchResult:
         z = self._prepare(z)

@@ -246,7 +246,9 @@ tbb::task_arena& shared_arena(int n_threads) {
   std::lock_guard<std::mutex> lock(mutex);
   auto& arena = arenas[key];
   if (!arena) {
-    arena = std::make_unique<tbb::task_arena>(key > 0 ? key : tbb::task_arena::automatic);
+    // The default constructor means "automatic"; naming task_arena::automatic here would
+    // odr-use a static member that the httpstan TBB build does not export.
+    arena = key > 0 ? std::make_unique<tbb::task_arena>(key) : std::make_unique<tbb::task_arena>();
   }
   return *arena;
 }

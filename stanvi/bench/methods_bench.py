@@ -1,0 +1,242 @@
+"""``stanvi bench methods``: TrustVI vs ADVI vs HFSGVI on the stan_models set, following the TrustVI
+paper's protocol (spec trustvi_hfsgvi_advi.md §7.2) plus laptop-cost figures (issue P1-2).
+
+For every model and method configuration it runs ``seeds`` fits and keeps the median run by final
+ELBO (a failed run ranks as −inf).  ELBOs are evaluated with fixed draws shared by all runs and
+methods (common random numbers): ``final_draws`` for the final objective, ``eval_draws`` for
+trace points; trace points are a log-spaced subset of iterations (at most ``trace_points``, always
+including the first and last), which is how "consistently above the threshold" is evaluated.
+
+Printed per model:
+
+* each configuration's median final ELBO, iterations, oracle calls (scaled), draw-level
+  evaluations, wall time (warm) and the first-fit wall time (which includes JAX compilation);
+* pairwise (paper protocol): threshold = worse median final ELBO − 1 nat; oracle calls until the
+  trace is consistently above it; the ratio; pairs where either method needs < 5 iterations are
+  excluded;
+* "to 1 nat": per configuration, the draw-level evaluations and wall time until the trace is
+  consistently within 1 nat of the best final ELBO any configuration found;
+* engine overhead of TrustVI: wall time / (its draw-level evaluations × the batched C++ cost per
+  draw of each kind).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+import numpy as np
+
+DEFAULT_CONFIGS = (("trustvi", "default"), ("trustvi", "paper"), ("advi", "paper"),
+                   ("advi", "stan"), ("hfsgvi", "paper"))
+
+
+@dataclass
+class RunSummary:
+    config: str
+    seed: int
+    status: str
+    final_elbo: float
+    iterations: int
+    oracle: float
+    draw_evals: int
+    wall: float
+    trace_iter: np.ndarray = field(repr=False)
+    trace_oracle: np.ndarray = field(repr=False)
+    trace_draws: np.ndarray = field(repr=False)
+    trace_wall: np.ndarray = field(repr=False)
+    trace_elbo: np.ndarray = field(repr=False)
+    grad_draws: int = 0
+    hvp_draws: int = 0
+    ld_draws: int = 0
+
+
+def discover_models(models_dir: Path) -> list[tuple[str, Path, Path | None]]:
+    """(name, .stan, data) for every model of the stan_models set with a data file."""
+    out = []
+    for stan in sorted(models_dir.glob("*/*.stan")):
+        data = stan.with_suffix(".data.json")
+        if not data.exists():
+            shared = list(stan.parent.glob("*.data.json"))
+            data = shared[0] if len(shared) == 1 else None
+        out.append((stan.stem, stan, data))
+    return out
+
+
+def _log_spaced(n: int, k: int) -> np.ndarray:
+    if n <= k:
+        return np.arange(n)
+    idx = np.unique(np.round(np.geomspace(1, n, k)).astype(int) - 1)
+    return np.unique(np.concatenate([[0], idx, [n - 1]]))
+
+
+def _evaluate(est, params, eps) -> float:
+    vals = est.values(params, eps)
+    return float(np.mean(vals)) if np.all(np.isfinite(vals)) else -math.inf
+
+
+def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> RunSummary:
+    est = fit._estimator
+    tr = fit.trace
+    idx = _log_spaced(len(tr), trace_points)
+    elbos = np.array([_evaluate(est, tr.params[i], eps_eval) for i in idx])
+    col = lambda name: tr.column(name)[idx]  # noqa: E731
+    draws = col("gradient_draws") + col("hvp_draws") + col("log_density_draws")
+    final = -math.inf if fit.status == "failed" else _evaluate(est, fit.params, eps_final)
+    o = fit.oracle
+    return RunSummary(config=config, seed=fit.seed, status=fit.status, final_elbo=final,
+                      iterations=len(tr) - 1, oracle=o["oracle_scaled"],
+                      draw_evals=int(o["gradient_draws"] + o["hvp_draws"] + o["log_density_draws"]),
+                      wall=fit.wall_time, trace_iter=idx, trace_oracle=col("oracle_scaled"),
+                      trace_draws=draws, trace_wall=col("wall_time"), trace_elbo=elbos,
+                      grad_draws=int(o["gradient_draws"]), hvp_draws=int(o["hvp_draws"]),
+                      ld_draws=int(o["log_density_draws"]))
+
+
+def median_run(runs: list[RunSummary]) -> RunSummary:
+    """The run whose final ELBO is the median (3rd of 5; ties by seed); failures rank −inf."""
+    order = sorted(runs, key=lambda r: (r.final_elbo, -r.seed))
+    return order[(len(order) - 1) // 2] if len(order) % 2 else order[len(order) // 2 - 1]
+
+
+def first_consistent(run: RunSummary, threshold: float) -> int | None:
+    """Index into the trace points of the first point after which every evaluated ELBO is
+    ≥ threshold (spec §7.2); None if there is none."""
+    above = run.trace_elbo >= threshold
+    if not above[-1]:
+        return None
+    bad = np.flatnonzero(~above)
+    return 0 if len(bad) == 0 else int(bad[-1]) + 1
+
+
+def run_model(name: str, stan: Path, data: Path | None, *, configs=DEFAULT_CONFIGS, seeds: int = 5,
+              eval_draws: int = 2000, final_draws: int = 10_000, trace_points: int = 60,
+              out=print) -> dict:
+    import stanvi  # noqa: PLC0415
+    from stanvi.bench.target_bench import _best_time  # noqa: PLC0415
+    from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
+
+    target = stanvi.load(stan, data, progress=False)
+    d = target.dim
+    eps_eval = standard_normal(jax.random.PRNGKey(20171), eval_draws, d)
+    eps_final = standard_normal(jax.random.PRNGKey(20172), final_draws, d)
+    results: dict[str, list[RunSummary]] = {}
+    first_wall: dict[str, float] = {}
+    for method, profile in configs:
+        cfg = f"{method}:{profile}"
+        t0 = time.perf_counter()
+        stanvi.fit(target, method=method, profile=profile, seed=10_000, progress=False, draws=10)
+        first_wall[cfg] = time.perf_counter() - t0
+        runs = []
+        for seed in range(seeds):
+            try:
+                fit = stanvi.fit(target, method=method, profile=profile, seed=seed,
+                                 progress=False, draws=10)
+            except Exception as exc:  # a run that cannot even start counts as failed
+                out(f"  {cfg} seed {seed}: error {type(exc).__name__}: {exc}")
+                continue
+            runs.append(summarize_run(fit, cfg, eps_final, eps_eval, trace_points))
+        results[cfg] = runs
+    medians = {cfg: median_run(runs) for cfg, runs in results.items() if runs}
+
+    z = np.random.default_rng(0).normal(scale=0.5, size=(256, d))
+    v = np.random.default_rng(1).normal(size=(256, d))
+    cost = {"gradient": _best_time(lambda: target.log_density_gradient(z), 5) / 256,
+            "hvp": _best_time(lambda: target.log_density_hvp(z, v), 5) / 256,
+            "log_density": _best_time(lambda: target.log_density(z), 5) / 256}
+
+    out(f"\n== {name} (D = {d})")
+    out(f"  {'config':<16}{'final ELBO':>12}{'fails':>6}{'iters':>7}{'oracle':>10}"
+        f"{'draw evals':>12}{'wall s':>8}{'1st wall':>9}")
+    for cfg, m in medians.items():
+        fails = sum(r.status == "failed" for r in results[cfg])
+        out(f"  {cfg:<16}{m.final_elbo:>12.3f}{fails:>6}{m.iterations:>7}{m.oracle:>10.1f}"
+            f"{m.draw_evals:>12}{m.wall:>8.2f}{first_wall[cfg]:>9.2f}")
+
+    pairs = {}
+    for ref in ("trustvi:default", "trustvi:paper"):
+        for other in medians:
+            if other.startswith("trustvi") or ref not in medians:
+                continue
+            a, b = medians[ref], medians[other]
+            if not (np.isfinite(a.final_elbo) and np.isfinite(b.final_elbo)):
+                pairs[(ref, other)] = {"excluded": "a median run failed"}
+                continue
+            thr = min(a.final_elbo, b.final_elbo) - 1.0
+            ta, tb = first_consistent(a, thr), first_consistent(b, thr)
+            ia = None if ta is None else int(a.trace_iter[ta])
+            ib = None if tb is None else int(b.trace_iter[tb])
+            ra = math.inf if ta is None else float(a.trace_oracle[ta])
+            rb = math.inf if tb is None else float(b.trace_oracle[tb])
+            excluded = (ia is not None and ia <= 4) or (ib is not None and ib <= 4)
+            ratio = rb / ra if ra > 0 else math.inf
+            pairs[(ref, other)] = {"threshold": thr, "oracle_ref": ra, "oracle_other": rb,
+                                   "ratio": ratio, "excluded": "fewer than 5 iterations" if excluded else ""}
+            out(f"  {other} vs {ref}: threshold {thr:.2f}; oracle calls {rb:.1f} vs {ra:.1f}; "
+                f"ratio {ratio:.1f}x" + ("  [excluded: < 5 iterations]" if excluded else ""))
+
+    best = max(m.final_elbo for m in medians.values())
+    to_one_nat = {}
+    for cfg, m in medians.items():
+        t = first_consistent(m, best - 1.0) if np.isfinite(m.final_elbo) else None
+        if t is None:
+            to_one_nat[cfg] = None
+            out(f"  to 1 nat of best ({best:.2f}): {cfg:<16} never")
+        else:
+            to_one_nat[cfg] = {"draw_evals": float(m.trace_draws[t]), "wall": float(m.trace_wall[t]),
+                               "oracle": float(m.trace_oracle[t])}
+            out(f"  to 1 nat of best ({best:.2f}): {cfg:<16} {m.trace_draws[t]:>10.0f} draw evals, "
+                f"{m.trace_wall[t]:6.2f} s, {m.trace_oracle[t]:8.1f} oracle")
+    overhead = {}
+    for cfg in ("trustvi:default", "trustvi:paper"):
+        if cfg in medians:
+            m = medians[cfg]
+            cpp = m.grad_draws * cost["gradient"] + m.hvp_draws * cost["hvp"] + m.ld_draws * cost["log_density"]
+            overhead[cfg] = m.wall / cpp if cpp > 0 else math.inf
+            out(f"  engine overhead {cfg}: wall {m.wall:.2f} s / C++ {cpp:.2f} s = {overhead[cfg]:.2f}")
+    return {"dim": d, "medians": {c: {"final_elbo": m.final_elbo, "iterations": m.iterations,
+                                      "oracle": m.oracle, "draw_evals": m.draw_evals,
+                                      "wall": m.wall, "status": m.status}
+                                  for c, m in medians.items()},
+            "first_wall": first_wall, "to_one_nat": to_one_nat, "overhead": overhead,
+            "pairs": {f"{a}|{b}": p for (a, b), p in pairs.items()}, "cpp_cost_per_draw": cost}
+
+
+def run(models_dir: Path, *, models: list[str] | None = None, seeds: int = 5,
+        configs=DEFAULT_CONFIGS, output: Path | None = None) -> dict:
+    """Run the benchmark over the stan_models set (or the named models) and print it."""
+    found = discover_models(models_dir)
+    if models:
+        found = [m for m in found if m[0] in models]
+    report = {}
+    for name, stan, data in found:
+        report[name] = run_model(name, stan, data, configs=configs, seeds=seeds,
+                                 out=lambda s: print(s, flush=True))
+    _print_overall(report)
+    if output is not None:
+        output.write_text(json.dumps(report, indent=1, default=float))
+    return report
+
+
+def _print_overall(report: dict) -> None:
+    ratios = [p["ratio"] for r in report.values() for k, p in r["pairs"].items()
+              if k == "trustvi:paper|advi:paper" and not p.get("excluded") and np.isfinite(p.get("ratio", np.nan))]
+    print("\n== overall")
+    if ratios:
+        print(f"  median oracle-call ratio ADVI(paper)/TrustVI(paper): {np.median(ratios):.1f}x "
+              f"over {len(ratios)} models (target >= 10x)")
+    gaps = []
+    for name, r in report.items():
+        meds = r["medians"]
+        best = max(m["final_elbo"] for m in meds.values())
+        for cfg in ("trustvi:default", "trustvi:paper"):
+            if cfg in meds:
+                gaps.append((name, cfg, best - meds[cfg]["final_elbo"]))
+    worst = max(gaps, key=lambda g: g[2]) if gaps else None
+    if worst:
+        print(f"  largest TrustVI shortfall vs the best method: {worst[2]:.2f} nat ({worst[1]} on "
+              f"{worst[0]}; target <= 0.5)")

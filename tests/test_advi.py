@@ -1,0 +1,571 @@
+"""Stan-exact ADVI (spec trustvi_hfsgvi_advi.md §2, §3, §7.2; tests 18–22, 24 of §9)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stanvi
+from stanvi.errors import VIError
+from stanvi.estimators import ElboEstimator, GradientFailure, gradient_with_redraws, standard_normal
+from stanvi.families import FullRank, MeanField
+from stanvi.methods import advi, get_method, make_options
+from stanvi.methods.common import purpose_key
+from stanvi.methods.context import RunContext
+from stanvi.methods.progress import IterationProgress
+
+DBL_MAX = advi.DBL_MAX
+
+# A correlated Gaussian target N(m, Σ); the constant −100 keeps the ELBO away from 0 so that
+# relative ELBO changes are meaningful (the optimum ELBO is about −100 + log-normalizer).
+D = 4
+_rng = np.random.default_rng(0)
+_A = _rng.normal(size=(D, D))
+SIGMA = _A @ _A.T / D + 0.5 * np.eye(D)
+LAMBDA = np.linalg.inv(SIGMA)
+M = _rng.normal(size=D)
+
+
+def _gauss_lp(z):
+    d = z - M
+    return -0.5 * d @ (LAMBDA @ d) - 100.0
+
+
+def _half_plane_lp(z):
+    """Fails (−inf) where z[0] > 0; standard normal elsewhere."""
+    return jnp.where(z[0] > 0.0, -jnp.inf, -0.5 * jnp.sum(z * z) - 50.0)
+
+
+def _box_lp(z):
+    """Fails (−inf) outside |z_i| ≤ 5; standard normal inside."""
+    return jnp.where(jnp.all(jnp.abs(z) <= 5.0), -0.5 * jnp.sum(z * z) - 50.0, -jnp.inf)
+
+
+GAUSS = stanvi.JaxTarget(_gauss_lp, D, name="gaussian")
+HALF = stanvi.JaxTarget(_half_plane_lp, 2, name="half_plane")
+BOX = stanvi.JaxTarget(_box_lp, 2, name="box")
+
+_ESTIMATORS: dict = {}
+
+
+def estimator(target, family) -> ElboEstimator:
+    key = (target.name, family)
+    if key not in _ESTIMATORS:
+        _ESTIMATORS[key] = ElboEstimator(family, target.jax_log_density)
+    return _ESTIMATORS[key]
+
+
+def run_advi(target, family, seed=0, profile="stan", *, init_mu=None, budget=None, **overrides):
+    est = estimator(target, family)
+    random_init = np.random.default_rng(seed).uniform(-2, 2, target.dim)
+    ctx = RunContext(None if init_mu is None else np.asarray(init_mu, float), random_init, budget,
+                     est, IterationProgress("advi", enabled=False))
+    options = make_options(advi, profile, overrides)
+    return advi.run(target, family, key=jax.random.PRNGKey(seed), options=options, context=ctx)
+
+
+def scripted_elbo(values):
+    """A stand-in for advi.calc_elbo returning ``values`` in order (None = ElboFailure)."""
+    calls = []
+    it = iter(values)
+
+    def fake(est, params, key, n):
+        calls.append(np.array(params))
+        v = next(it)
+        if v is None:
+            raise advi.ElboFailure("scripted failure")
+        return v
+
+    return fake, calls
+
+
+def rows(result, phase):
+    return [r for r in result.trace.rows if r.get("phase") == phase]
+
+
+# ============================================================================ registry / options
+def test_registry_profiles_and_options():
+    assert get_method("advi") is advi
+    stan = make_options(advi, None, {})
+    assert advi.DEFAULT_PROFILE == "stan" and stan == advi.Options()
+    assert (stan.max_iterations, stan.grad_samples, stan.elbo_samples, stan.eta, stan.adapt_iter,
+            stan.tol_rel_obj, stan.eval_elbo, stan.output_samples) == (10000, 1, 100, 1.0, 50,
+                                                                       0.01, 100, 1000)
+    assert stan.adapt_engaged and stan.init == "random" and stan.init_log_scale == 0.0
+    assert not stan.elbo_before_loop
+    paper = make_options(advi, "paper", {})
+    assert (paper.grad_samples, paper.tol_rel_obj, paper.init_log_scale, paper.init,
+            paper.elbo_before_loop) == (256, 1e-4, -1.0, "zero", True)
+    assert advi.ETA_GRID == (100.0, 10.0, 1.0, 0.1, 0.01)
+    with pytest.raises(ValueError, match="grad_samples"):
+        advi.Options(grad_samples=0)
+    with pytest.raises(ValueError, match="init"):
+        advi.Options(init="uniform")
+
+
+def test_initial_point_rule():
+    mf = MeanField(D)
+    r = run_advi(GAUSS, mf, seed=3, max_iterations=1, adapt_engaged=False)
+    np.testing.assert_array_equal(r.trace.params[0],
+                                  np.r_[np.random.default_rng(3).uniform(-2, 2, D), np.zeros(D)])
+    assert r.info["init"] == "random"
+    r = run_advi(GAUSS, mf, profile="paper", max_iterations=1, adapt_engaged=False, grad_samples=2)
+    np.testing.assert_array_equal(r.trace.params[0], np.r_[np.zeros(D), -np.ones(D)])
+    assert r.info["init"] == "zero"
+    r = run_advi(GAUSS, mf, profile="paper", init_mu=M, max_iterations=1, adapt_engaged=False,
+                 grad_samples=2)
+    np.testing.assert_array_equal(r.trace.params[0][:D], M)
+    fr = FullRank(D)
+    r = run_advi(GAUSS, fr, profile="paper", max_iterations=1, adapt_engaged=False, grad_samples=2)
+    np.testing.assert_allclose(np.asarray(fr.cholesky(r.trace.params[0])), np.exp(-1) * np.eye(D))
+
+
+# ============================================================================ test 18: step sizes
+def test_stepsize_sequence_scripted_gradients():
+    """§2.5: s_1 = g_1², s_k = 0.1 g_k² + 0.9 s_{k−1}, ρ_k = η k^{-1/2} / (1 + √s_k)."""
+    grads = [np.array([2.0, -0.5, 0.0]), np.array([-1.0, 3.0, 0.25]),
+             np.array([0.5, 0.5, -4.0]), np.array([0.0, -2.0, 1.0])]
+    eta = 0.7
+    params, s = np.array([0.1, -0.2, 0.3]), np.zeros(3)
+    ref_params, ref_s = params.copy(), np.zeros(3)
+    for k, g in enumerate(grads, start=1):
+        params, s, rho = (np.asarray(a) for a in advi.stan_step(params, s, g, k, eta))
+        for i in range(3):   # Stan's arithmetic, element by element, in plain floats
+            ref_s[i] = g[i] ** 2 if k == 1 else 0.9 * ref_s[i] + 0.1 * g[i] ** 2
+            eta_scaled = eta / math.sqrt(k)
+            ref_params[i] += (eta_scaled * g[i]) / (1.0 + math.sqrt(ref_s[i]))
+            assert rho[i] == pytest.approx(eta * k ** -0.5 / (1 + math.sqrt(ref_s[i])), rel=1e-15)
+        np.testing.assert_array_equal(s, ref_s)
+        np.testing.assert_array_equal(params, ref_params)
+    # s_1 = g_1² exactly (not 0.1 g_1²), and the first step is η g / (1 + |g|)
+    p1, s1, _ = advi.stan_step(np.zeros(1), np.zeros(1), np.array([3.0]), 1, 2.0)
+    assert float(s1[0]) == 9.0 and float(p1[0]) == 2.0 * 3.0 / 4.0
+
+
+def test_sgd_chunk_matches_gradient_with_redraws_and_stan_step():
+    """The jitted chunk = gradient_with_redraws (same draws, same drop rule) + stan_step."""
+    for target, family, n in ((GAUSS, MeanField(D), 1), (GAUSS, FullRank(D), 3),
+                              (HALF, MeanField(2), 2)):
+        est = estimator(target, family)
+        key = jax.random.PRNGKey(11)
+        p0 = family.initial_params(np.full(family.dim, -0.3), -0.2)
+        chunk = advi.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=7, t0=20, eta=0.5,
+                             key=key, absorb=False, grad_samples=n)
+        assert chunk.n_done == 7 and not chunk.fatal
+        params, s = p0, np.zeros_like(p0)
+        for i in range(7):
+            ref = gradient_with_redraws(est, params, purpose_key(key, 21 + i, "gradient"), n,
+                                        10 * n)
+            assert chunk.drops[i] == ref.n_dropped
+            params, s, _ = (np.asarray(a) for a in advi.stan_step(params, s, ref.gradient, i + 1,
+                                                                  0.5))
+            np.testing.assert_allclose(chunk.history[i], params, rtol=1e-12, atol=1e-14)
+        if target is HALF:
+            assert chunk.drops.sum() > 0   # the redraw path was exercised
+
+
+# ============================================================================ test 19: eta
+def _select(elbos, elbo_init=-1000.0):
+    calls = []
+
+    def trial(eta):
+        calls.append(eta)
+        return elbos[len(calls) - 1]
+
+    return advi.select_eta(elbo_init, trial), calls
+
+
+def test_eta_adaptation_rule():
+    assert _select([-np.inf, -500, -400, -450]) == (1.0, [100.0, 10.0, 1.0, 0.1])
+    assert _select([-300, -350]) == (100.0, [100.0, 10.0])
+    assert _select([-DBL_MAX, -DBL_MAX, -900, -800, -700]) == (0.01, list(advi.ETA_GRID))
+    # a drop while the previous trial was no better than elbo_init does not stop the search
+    assert _select([-1200, -1300, -1100, -1150, -900])[0] == 0.01
+    assert _select([-1200, -1300, -1100, -1150, -900])[1] == list(advi.ETA_GRID)
+    for bad in ([-2000, -1500, -1200, -1100, -1000], [-DBL_MAX] * 5, [np.nan] * 5):
+        with pytest.raises(VIError, match="All proposed step-sizes failed"):
+            _select(bad)
+
+
+def test_eta_adaptation_in_run_and_reset_to_q0(monkeypatch):
+    fake, calls = scripted_elbo([-1000.0, None, -500.0, -400.0, -450.0, -300.0])
+    monkeypatch.setattr(advi, "calc_elbo", fake)
+    family = MeanField(D)
+    r = run_advi(GAUSS, family, seed=5, max_iterations=100)
+    assert r.status == "max_iters"
+    assert r.info["eta"] == 1.0 and r.info["eta_adapted"]
+    assert [(a["eta"], a["elbo"]) for a in r.info["adapt_elbos"]] == [
+        (100.0, -DBL_MAX), (10.0, -500.0), (1.0, -400.0), (0.1, -450.0)]
+    adapt = rows(r, "adapt")
+    assert [row["iteration"] for row in adapt] == list(range(1, 201))
+    assert [row["eta"] for row in adapt] == [e for e in (100.0, 10.0, 1.0, 0.1) for _ in range(50)]
+    assert [row["step"] for row in adapt] == list(range(1, 51)) * 4
+    assert adapt[49]["elbo"] == -math.inf and adapt[49]["elbo_failed"]
+    assert [adapt[i]["elbo"] for i in (99, 149, 199)] == [-500.0, -400.0, -450.0]
+    assert all("elbo" not in row for i, row in enumerate(adapt) if i % 50 != 49)
+    assert r.trace.rows[0]["elbo"] == -1000.0 and r.trace.rows[0]["oracle_scaled"] == 0.0
+    # each trial ELBO was taken at that trial's last iterate
+    for j in range(4):
+        np.testing.assert_array_equal(calls[1 + j], r.trace.params[50 * (j + 1)])
+    # every trial, and the SGD phase, starts from q₀ with a fresh step-size history
+    est, key, q0 = estimator(GAUSS, family), jax.random.PRNGKey(5), r.trace.params[0]
+    for t, eta in ((1, 100.0), (51, 10.0), (101, 1.0), (151, 0.1), (201, 1.0)):
+        g = gradient_with_redraws(est, q0, purpose_key(key, t, "gradient"), 1, 10).gradient
+        expected, _, _ = advi.stan_step(q0, np.zeros_like(q0), g, 1, eta)
+        np.testing.assert_allclose(r.trace.params[t], expected, rtol=1e-12)
+    sgd = rows(r, "sgd")
+    assert len(sgd) == 100 and sgd[0]["iteration"] == 201 and sgd[-1]["elbo"] == -300.0
+    # §3: 300 gradients of 1 draw, 6 ELBOs of 100 draws; elbo_init is charged to row 1
+    assert r.trace.rows[1]["oracle_scaled"] == pytest.approx(1 / 256 + 100 / 128)
+    assert r.ledger.scaled == pytest.approx(300 / 256 + 6 * 100 / 128)
+    assert r.ledger.literal == 306
+
+
+def test_eta_adaptation_failures(monkeypatch):
+    family = MeanField(D)
+    fake, _ = scripted_elbo([-1000.0, -2000.0, -1500.0, -1200.0, -1100.0, -1000.0])
+    monkeypatch.setattr(advi, "calc_elbo", fake)
+    r = run_advi(GAUSS, family, seed=1)
+    assert r.status == "failed" and "All proposed step-sizes failed" in r.message
+    assert len(rows(r, "adapt")) == 250 and not rows(r, "sgd")
+    np.testing.assert_array_equal(r.params, r.trace.params[0])
+    fake, _ = scripted_elbo([None])
+    monkeypatch.setattr(advi, "calc_elbo", fake)
+    r = run_advi(GAUSS, family, seed=1)
+    assert r.status == "failed" and "Cannot compute ELBO using the initial" in r.message
+    assert len(r.trace) == 1
+
+
+# ============================================================================ test 20: convergence
+def test_relative_tolerance_bookkeeping():
+    assert advi.Options().cb_size == 10
+    assert advi.Options(max_iterations=100).cb_size == 2
+    assert advi.Options(max_iterations=25000).cb_size == 25
+    mon = advi.RelativeTolerance(10, 0.01)
+    first = mon.update(-200.0)
+    assert first.rel_change == 1.0 and not first.converged          # elbo_prev = 0
+    second = mon.update(-250.0)
+    assert second.rel_change == pytest.approx(50 / 250)             # current ELBO below
+    assert second.rel_change != pytest.approx(50 / 200)
+    # upper median for an even count: sorted [0.0005, 0.001, 0.2, 1.0] → 0.2
+    mon = advi.RelativeTolerance(10, 0.01)
+    mon.buffer.extend([1.0, 0.2, 0.001])
+    mon.elbo = -100.0
+    check = mon.update(-100.05)                                     # δ ≈ 0.0005
+    assert check.rel_median == 0.2 and not check.converged_median
+    assert advi.circ_buff_median([3.0, 1.0, 2.0]) == 2.0
+    assert advi.circ_buff_median([4.0, 1.0, 3.0, 2.0]) == 3.0
+    # capacity: the oldest entry leaves the buffer
+    mon = advi.RelativeTolerance(2, 0.01)
+    for e in (-100.0, -100.0, -100.0):
+        check = mon.update(e)
+    assert list(mon.buffer) == [0.0, 0.0] and check.converged_mean and check.converged_median
+    assert math.isinf(advi.rel_difference(0.0, 1.0)) and math.isnan(advi.rel_difference(0.0, 0.0))
+
+
+def test_earliest_stop_is_300_in_stan_profile_and_100_in_paper(monkeypatch):
+    fake, _ = scripted_elbo([-100.0] * 50)
+    monkeypatch.setattr(advi, "calc_elbo", fake)
+    r = run_advi(GAUSS, MeanField(D), adapt_engaged=False)
+    checks = [row for row in rows(r, "sgd") if "elbo" in row]
+    assert r.status == "converged" and r.info["sgd_iterations"] == 300
+    assert [c["rel_change"] for c in checks] == [1.0, 0.0, 0.0]
+    assert [c["rel_median"] for c in checks] == [1.0, 1.0, 0.0]     # upper median of [0, 1]
+    assert r.info["converged_by"] == "median"
+    fake, _ = scripted_elbo([-100.0] * 50)
+    monkeypatch.setattr(advi, "calc_elbo", fake)
+    r = run_advi(GAUSS, MeanField(D), profile="paper", adapt_engaged=False, grad_samples=4)
+    assert r.status == "converged" and r.info["sgd_iterations"] == 100
+    assert r.info["pre_loop_elbo"] == -100.0 and r.info["converged_by"] == "mean+median"
+
+
+def test_convergence_trace_on_real_run_and_max_iterations():
+    """Bookkeeping recomputed from a real run's trace; max_iterations is honoured."""
+    r = run_advi(GAUSS, MeanField(D), seed=2, max_iterations=1000, eval_elbo=10,
+                 tol_rel_obj=1e-12)
+    assert r.info["cb_size"] == 10
+    assert r.status == "max_iters" and r.info["sgd_iterations"] == 1000
+    sgd = rows(r, "sgd")
+    assert len(sgd) == 1000 and sgd[-1]["step"] == 1000
+    checks = [row for row in sgd if "elbo" in row]
+    assert [c["step"] for c in checks] == list(range(10, 1001, 10))
+    elbos = [c["elbo"] for c in checks]
+    deltas = [abs((p - c) / c) for p, c in zip([0.0] + elbos[:-1], elbos)]
+    assert deltas[0] == 1.0
+    for j, c in enumerate(checks):
+        window = deltas[max(0, j - 9): j + 1]
+        assert c["rel_change"] == deltas[j]
+        assert c["rel_mean"] == pytest.approx(sum(window) / len(window), rel=1e-14)
+        assert c["rel_median"] == sorted(window)[len(window) // 2]
+    # the ledger: 1000 + adaptation gradients, one ELBO per check, trial and elbo_init
+    n_elbo = 1 + len(r.info["adapt_elbos"]) + len(checks)
+    grads = r.info["adapt_steps"] + 1000
+    assert r.ledger.scaled == pytest.approx(grads / 256 + n_elbo * 100 / 128)
+    assert np.all(np.diff(r.trace.column("oracle_scaled")) > 0)
+
+
+# ============================================================================ test 21: failures
+def _failures_before(flags, n_needed):
+    """Sequential reference (Stan's loop): failures among ``flags`` before the n_needed-th
+    success (all failures if it never comes); the caller compares with the drop limit."""
+    fails = ok = 0
+    for f in flags:
+        if f:
+            fails += 1
+        else:
+            ok += 1
+            if ok == n_needed:
+                return fails
+    return fails
+
+
+def test_gradient_drop_limit_is_ten_per_draw():
+    """grad_samples = 1: up to 9 dropped draws are absorbed, the 10th drop fails."""
+    family = MeanField(2)
+    est = estimator(HALF, family)
+    params = family.initial_params(np.array([0.8, 0.0]))     # P(fail) = Φ(0.8) ≈ 0.79
+    base = jax.random.PRNGKey(0)
+    seen = {}
+    for t in range(1, 400):
+        k = purpose_key(base, t, "gradient")
+        z0 = [0.8 + standard_normal(jax.random.fold_in(k, a), 1, 2)[0, 0] for a in range(12)]
+        f = _failures_before([z > 0 for z in z0], 1)
+        case = "ok9" if f == 9 else "fail" if f >= 10 else None
+        if case and case not in seen:
+            seen[case] = t
+        if len(seen) == 2:
+            break
+    assert set(seen) == {"ok9", "fail"}
+    chunk = advi.advance(est, params, np.zeros(4), k0=0, n_steps=1, t0=seen["ok9"] - 1, eta=1.0,
+                         key=base, absorb=False, grad_samples=1)
+    assert not chunk.fatal and chunk.drops[0] == 9
+    chunk = advi.advance(est, params, np.zeros(4), k0=0, n_steps=1, t0=seen["fail"] - 1, eta=1.0,
+                         key=base, absorb=False, grad_samples=1)
+    assert chunk.fatal and chunk.n_done == 0
+    with pytest.raises(GradientFailure):
+        gradient_with_redraws(est, params, purpose_key(base, seen["fail"], "gradient"), 1, 10)
+    # absorbed (adaptation): zero gradient, so λ does not move and s stays 0
+    chunk = advi.advance(est, params, np.zeros(4), k0=0, n_steps=1, t0=seen["fail"] - 1, eta=1.0,
+                         key=base, absorb=True, grad_samples=1)
+    assert chunk.n_done == 1 and chunk.grad_failed[0]
+    np.testing.assert_array_equal(chunk.history[0], params)
+    np.testing.assert_array_equal(chunk.s, np.zeros(4))
+
+
+def test_elbo_drop_limit():
+    """calc_ELBO with n draws: n − 1 drops are absorbed, the n-th drop raises."""
+    family, n = MeanField(2), 10
+    est = estimator(HALF, family)
+    params = family.initial_params(np.zeros(2))              # P(fail) = 1/2
+    seen = {}
+    for seed in range(300):
+        key = jax.random.PRNGKey(seed)
+        eps = np.concatenate([standard_normal(jax.random.fold_in(key, a), n, 2) for a in range(4)])
+        f = _failures_before(list(eps[:, 0] > 0), n)
+        case = "ok" if f == n - 1 else "fail" if f >= n else None
+        if case and case not in seen:
+            seen[case] = (key, eps)
+    assert set(seen) == {"ok", "fail"}
+    key, eps = seen["ok"]
+    kept = eps[eps[:, 0] <= 0][:n]
+    expected = float(np.mean(est.values(params, kept)))
+    assert advi.calc_elbo(est, params, key, n) == pytest.approx(expected, rel=1e-14)
+    with pytest.raises(advi.ElboFailure, match="maximum amount"):
+        advi.calc_elbo(est, params, seen["fail"][0], n)
+
+
+def test_failures_absorbed_during_adaptation_fatal_during_sgd():
+    family = MeanField(2)
+    # eta = 100 throws the iterate far outside the box: failed gradients are zero gradients, the
+    # failed trial ELBO is −DBL_MAX, and adaptation goes on to a smaller eta.
+    r = run_advi(BOX, family, seed=0, init_mu=[0.5, -0.5], max_iterations=200)
+    assert r.status in ("converged", "max_iters")
+    first = [row for row in rows(r, "adapt") if row["eta"] == 100.0]
+    assert any(row.get("grad_failed") for row in first)
+    assert r.info["adapt_elbos"][0] == {"eta": 100.0, "elbo": -DBL_MAX}
+    assert first[-1]["elbo_failed"] and first[-1]["elbo"] == -math.inf
+    assert r.info["eta"] < 100.0
+    # without adaptation, the same eta aborts the SGD phase with Stan's message
+    r = run_advi(BOX, family, seed=0, init_mu=[0.5, -0.5], adapt_engaged=False, eta=100.0)
+    assert r.status == "failed" and "dropped evaluations" in r.message
+    assert "(10)" in r.message
+    np.testing.assert_array_equal(r.params, r.trace.params[-1])
+    assert np.all(np.isfinite(r.params))
+    assert r.ledger.gradient_draws == len(r.trace) - 1 + 1    # the failed gradient is charged
+
+
+def test_elbo_failure_during_sgd_is_fatal(monkeypatch):
+    fake, _ = scripted_elbo([-100.0, None])
+    monkeypatch.setattr(advi, "calc_elbo", fake)
+    r = run_advi(GAUSS, MeanField(D), adapt_engaged=False)
+    assert r.status == "failed" and "scripted failure" in r.message
+    assert r.trace.rows[-1]["step"] == 200 and r.trace.rows[-1]["elbo_failed"]
+    np.testing.assert_array_equal(r.params, r.trace.params[-1])
+
+
+# ============================================================================ budget
+def test_budget_stops_runs():
+    family = MeanField(D)
+    # adaptation: elbo_init 0.78125, trial 1 = 50/256 + 0.78125 → 1.7578125; then 37 more
+    # gradients reach 1.9 (1.7578125 + 37/256 = 1.90234)
+    r = run_advi(GAUSS, family, budget=1.9)
+    assert r.status == "budget" and r.info["eta"] is None
+    assert r.trace.rows[-1]["iteration"] == 87
+    assert r.trace.rows[-2]["oracle_scaled"] < 1.9 <= r.trace.rows[-1]["oracle_scaled"]
+    np.testing.assert_array_equal(r.params, r.trace.params[-1])
+    # SGD: 77/256 ≥ 0.3
+    r = run_advi(GAUSS, family, budget=0.3, adapt_engaged=False)
+    assert r.status == "budget" and r.trace.rows[-1]["step"] == 77
+    # an ELBO check completes the iteration that spends the budget
+    r = run_advi(GAUSS, family, budget=1.0, adapt_engaged=False)
+    assert r.status == "budget" and r.trace.rows[-1]["step"] == 100 and "elbo" in r.trace.rows[-1]
+
+
+# ============================================================================ test 22: output
+def test_output_draws_format():
+    family = FullRank(D)
+    est = estimator(GAUSS, family)
+    params = family.initial_params(M, -0.5)
+    key = jax.random.PRNGKey(9)
+    out = advi.output_draws(est, params, key, 1000)
+    assert out["z"].shape == (1001, D)
+    for name in ("lp__", "log_p__", "log_g__"):
+        assert out[name].shape == (1001,) and out[name][0] == 0.0
+    assert np.all(out["lp__"] == 0.0)
+    np.testing.assert_array_equal(out["z"][0], M)
+    eps = standard_normal(key, 1000, D)
+    np.testing.assert_allclose(out["log_g__"][1:], -0.5 * np.sum(eps**2, axis=1), rtol=1e-14)
+    np.testing.assert_allclose(out["z"][1:], np.asarray(family.sample(params, eps)), rtol=1e-14)
+    np.testing.assert_allclose(out["log_p__"][1:], GAUSS.log_density(out["z"][1:]).log_density,
+                               rtol=1e-14)
+
+
+# ============================================================================ test 24: determinism
+def test_same_seed_same_result_different_seed_differs():
+    def strip(r):
+        return [{k: v for k, v in row.items() if k != "wall_time"} for row in r.trace.rows]
+
+    for family in (MeanField(D), FullRank(D)):
+        a = run_advi(GAUSS, family, seed=4, max_iterations=300)
+        b = run_advi(GAUSS, family, seed=4, max_iterations=300)
+        c = run_advi(GAUSS, family, seed=5, max_iterations=300, init_mu=a.trace.params[0][:D])
+        assert strip(a) == strip(b)
+        np.testing.assert_array_equal(np.array(a.trace.params), np.array(b.trace.params))
+        np.testing.assert_array_equal(a.params, b.params)
+        assert not np.array_equal(a.params, c.params)
+        assert strip(a) != strip(c)
+
+
+# ============================================================================ convergence
+def _sgd_sd(eta, k, n, noise_var, curvature):
+    """Stationary sd of SGD on a quadratic, linearized: x ← x − ρ(c x + ξ), var ξ = v/n, gives
+    var x ≈ ρ v / (2 c n) for small ρ c; Stan's ρ ≤ η/√k (the 1/(1+√s) factor only shrinks it)."""
+    return np.sqrt(eta / np.sqrt(k) * noise_var / (2.0 * curvature * n))
+
+
+def test_meanfield_converges_to_gaussian_optimum():
+    """Mean-field optimum for N(m, Λ⁻¹): μ = m, σ_i = 1/√Λ_ii (§1.4); tolerance 5 sd of the SGD
+    noise at the last iterate (per-draw gradient variances at the optimum, worked out below)."""
+    family = MeanField(D)
+    n, k = 256, 2000
+    r = run_advi(GAUSS, family, seed=0, profile="paper", max_iterations=k)
+    assert r.status in ("max_iters", "converged")
+    eta, k = r.info["eta"], r.info["sgd_iterations"]
+    sigma = 1 / np.sqrt(np.diag(LAMBDA))
+    # μ-gradient per draw at the optimum: −Λ(σ⊙ε), variance Σ_j Λ_ij² σ_j²; curvature Λ_ii
+    var_mu = (LAMBDA**2) @ sigma**2
+    # ω-gradient per draw: −(Λ σ⊙ε)_i σ_i ε_i + 1, variance 2 + Σ_{j≠i} Λ_ij² σ_j² σ_i²;
+    # curvature of −½Λ_ii e^{2ω} + ω at the optimum: 2
+    off = LAMBDA**2 * np.outer(sigma**2, sigma**2)
+    var_omega = 2.0 + off.sum(axis=1) - np.diag(off)
+    tol_mu = 5 * _sgd_sd(eta, k, n, var_mu, np.diag(LAMBDA))
+    tol_omega = 5 * _sgd_sd(eta, k, n, var_omega, 2.0)
+    mu, sd = np.asarray(family.mean(r.params)), np.asarray(family.marginal_sd(r.params))
+    assert np.all(np.abs(mu - M) < tol_mu), (mu - M, tol_mu)
+    assert np.all(np.abs(np.log(sd / sigma)) < tol_omega), (np.log(sd / sigma), tol_omega)
+    assert np.max(tol_mu) < 0.05 and np.max(tol_omega) < 0.05   # the check is tight
+
+
+def test_fullrank_recovers_covariance():
+    """Full-rank optimum: μ = m, L Lᵀ = Σ.  Noise: per-draw μ-gradient −ΛLε has covariance Λ
+    (curvature Λ); an L_ij-gradient (−ΛLε)_i ε_j has variance ≤ 3Λ_ii (curvature Λ_ii), and
+    δ(LLᵀ)_ij = (δL Lᵀ + L δLᵀ)_ij has sd ≤ sd(δL)·√(2(Σ_ii + Σ_jj))."""
+    family = FullRank(D)
+    n, k = 256, 2000
+    r = run_advi(GAUSS, family, seed=0, profile="paper", max_iterations=k)
+    eta, k = r.info["eta"], r.info["sgd_iterations"]
+    tol_mu = 5 * _sgd_sd(eta, k, n, np.diag(LAMBDA), np.diag(LAMBDA))
+    sd_l = _sgd_sd(eta, k, n, 3.0, 1.0)
+    tol_cov = 5 * sd_l * np.sqrt(2 * (np.diag(SIGMA)[:, None] + np.diag(SIGMA)[None, :]))
+    mu, cov = np.asarray(family.mean(r.params)), np.asarray(family.covariance(r.params))
+    assert np.all(np.abs(mu - M) < tol_mu), (mu - M, tol_mu)
+    assert np.all(np.abs(cov - SIGMA) < tol_cov), (cov - SIGMA, tol_cov)
+    assert np.max(tol_cov) < 0.25
+
+
+def test_stan_profile_converges_by_relative_tolerance():
+    """Stan defaults (1 draw per gradient) stop by the relative-tolerance rule, near the optimum
+    within the (much larger) 1-draw SGD noise."""
+    family = MeanField(D)
+    r = run_advi(GAUSS, family, seed=1)
+    assert r.status == "converged" and r.info["sgd_iterations"] >= 300
+    assert r.info["sgd_iterations"] % 100 == 0
+    eta, k = r.info["eta"], r.info["sgd_iterations"]
+    sigma = 1 / np.sqrt(np.diag(LAMBDA))
+    tol_mu = 5 * _sgd_sd(eta, k, 1, (LAMBDA**2) @ sigma**2, np.diag(LAMBDA))
+    assert np.all(np.abs(np.asarray(family.mean(r.params)) - M) < tol_mu)
+
+
+def test_sgd_overhead_per_iteration():
+    family = MeanField(D)
+    run_advi(GAUSS, family, seed=0, max_iterations=200, tol_rel_obj=1e-12)   # compile
+    start = time.perf_counter()
+    r = run_advi(GAUSS, family, seed=0, max_iterations=3000, tol_rel_obj=1e-12)
+    per_iteration = (time.perf_counter() - start) / (len(r.trace) - 1)
+    assert len(rows(r, "sgd")) == 3000
+    assert per_iteration < 1e-3, f"{per_iteration * 1e6:.0f} µs per iteration"
+
+
+# ============================================================================ a Stan model
+@pytest.mark.slow
+def test_stan_model_with_reject_region():
+    """A real reject(): the chunk's callbacks into C++ inside the jitted loop follow the same
+    drop-and-redraw rule as gradient_with_redraws; dropped draws are evaluated but not charged."""
+    os.environ.setdefault("STANVI_CACHE_DIR", "/tmp/stanvi-cache")
+    try:
+        target = stanvi.load("stan_models/reject_region/reject_region.stan",
+                             "stan_models/reject_region/reject_region.data.json", progress=False)
+    except (stanvi.ToolchainError, OSError) as exc:
+        pytest.skip(f"Stan model library unavailable: {exc}")
+    family = MeanField(target.dim)
+    est = ElboEstimator(family, target.jax_log_density)
+    key = jax.random.PRNGKey(3)
+    p0 = family.initial_params(np.array([2.0, 0.0]), -0.5)      # half the draws reject
+    chunk = advi.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=5, t0=0, eta=0.1, key=key,
+                         absorb=True, grad_samples=2)
+    params, s = p0, np.zeros_like(p0)
+    for i in range(5):
+        ref = gradient_with_redraws(est, params, purpose_key(key, i + 1, "gradient"), 2, 20)
+        assert chunk.drops[i] == ref.n_dropped
+        params, s, _ = advi.stan_step(params, s, ref.gradient, i + 1, 0.1)
+        np.testing.assert_allclose(chunk.history[i], np.asarray(params), rtol=1e-12)
+    assert chunk.drops.sum() > 0
+
+    target.counter.reset()
+    ctx = RunContext(np.array([1.0, 0.0]), target.initial_point(1), None, est,
+                     IterationProgress("advi", enabled=False))
+    r = advi.run(target, family, key=jax.random.PRNGKey(0), options=advi.Options(), context=ctx)
+    # Stan's estimator drops rejected draws, which can let the iterate drift into the rejection
+    # region until calc_ELBO's drop limit ends the run: both outcomes are Stan's behaviour
+    assert r.status in ("converged", "max_iters") or (
+        r.status == "failed" and "dropped evaluations" in r.message), r.message
+    assert r.info["grad_draws_dropped"] > 0
+    # draws evaluated = accepted draws + dropped draws (1 draw per gradient)
+    accepted = r.ledger.gradient_draws - r.info["grad_failures"]
+    assert target.counter.gradient == accepted + r.info["grad_draws_dropped"]
