@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from stanvi.errors import VIError
-from stanvi.estimators.elbo import ElboEstimator, standard_normal
+from stanvi.estimators.elbo import ElboEstimator, estimator_for, standard_normal
 from stanvi.families import make_family
 from stanvi.methods import get_method, make_options
 from stanvi.methods.common import MethodResult, Trace, purpose_key
@@ -46,8 +46,9 @@ class Fit:
         trace: the per-iteration :class:`~stanvi.methods.common.Trace`.
         oracle: final oracle counts (scaled and literal paper units, draw-level counts).
         status: 'converged' | 'max_iters' | 'budget' | 'failed'; ``message`` says more.
-        wall_time: seconds in the method (JAX compilation included); ``setup_time``: seconds to
-            build the target and estimator before the method started.
+        wall_time: seconds in the method, JAX compilation included; ``compile_time``: the part
+            of it spent compiling JAX functions (``run_time`` is the rest); ``setup_time``:
+            seconds to build the target (compiling the Stan model if needed) before the method.
     """
 
     method: str
@@ -68,6 +69,7 @@ class Fit:
     message: str
     wall_time: float
     setup_time: float
+    compile_time: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     _estimator: ElboEstimator | None = field(default=None, repr=False)
 
@@ -81,6 +83,11 @@ class Fit:
     def covariance(self) -> np.ndarray:
         """Covariance of the approximation in unconstrained space (D, D)."""
         return np.asarray(self.family.covariance(self.params))
+
+    @property
+    def run_time(self) -> float:
+        """Wall time in the method excluding JAX compilation."""
+        return self.wall_time - self.compile_time
 
     @property
     def converged(self) -> bool:
@@ -104,7 +111,7 @@ class Fit:
     def elbo(self, n_draws: int = 10_000, seed: int | None = None) -> tuple[float, float]:
         """A fresh Monte Carlo estimate of the ELBO at the final parameters and its standard
         error (draws that fail count as −inf: the ELBO is then −inf, honestly)."""
-        est = self._estimator or ElboEstimator(self.family, self.target.jax_log_density)
+        est = self._estimator or estimator_for(self.target, self.family)
         key = jax.random.PRNGKey(self.seed + 1 if seed is None else seed)
         vals = []
         for start in range(0, n_draws, 1024):
@@ -138,7 +145,7 @@ class Fit:
     def __repr__(self) -> str:
         return (f"Fit(method={self.method!r}, family={self.family_name!r}, status={self.status!r}, "
                 f"iterations={len(self.trace) - 1}, oracle_scaled={self.oracle['oracle_scaled']:.1f}, "
-                f"wall_time={self.wall_time:.2f}s)")
+                f"wall_time={self.wall_time:.2f}s, jax_compile={self.compile_time:.2f}s)")
 
 
 # -------------------------------------------------------------------- building targets
@@ -220,21 +227,24 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         fam_kwargs["diagonal"] = opts.fullrank_diagonal
     fam = make_family(family, target.dim, **fam_kwargs)
     init_mu, random_mu = _initial_mu(target, init, seed)
-    estimator = ElboEstimator(fam, target.jax_log_density)
+    estimator = estimator_for(target, fam)
     bar = IterationProgress(method, enabled=progress)
     context = RunContext(init_mu=init_mu, random_init_mu=random_mu,
                          max_oracle_calls=max_oracle_calls, estimator=estimator, progress=bar)
     key = jax.random.PRNGKey(seed)
     setup_time = time.perf_counter() - t0
     t1 = time.perf_counter()
+    compile_before = estimator.compile_seconds
     try:
         result: MethodResult = module.run(target, fam, key=key, options=opts, context=context)
     finally:
         bar.close()
     wall = time.perf_counter() - t1
-    return make_fit(target, fam, result, method=method, profile=profile or module.DEFAULT_PROFILE,
+    fit_result = make_fit(target, fam, result, method=method, profile=profile or module.DEFAULT_PROFILE,
                     options=opts, seed=seed, key=key, n_draws=draws, wall_time=wall,
                     setup_time=setup_time, estimator=estimator)
+    fit_result.compile_time = estimator.compile_seconds - compile_before
+    return fit_result
 
 
 def make_fit(target: Target, family, result: MethodResult, *, method: str, profile: str, options,

@@ -108,6 +108,13 @@ def compiled():
     compiler.shutdown()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compile_in_background(compiled):
+    """Start compiling every example model as soon as the session starts, so the compiles
+    overlap with tests that do not need them (the compile-cache tests, the error tests)."""
+    compiled._start()
+
+
 @pytest.fixture(scope="session")
 def all_compiled(compiled):
     """Waits for every background compile: tests that touch the toolchain lookup or the

@@ -14,6 +14,7 @@ gradient; callers drop and redraw such draws (see :func:`gradient_with_redraws`)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -28,6 +29,28 @@ jax.config.update("jax_enable_x64", True)
 
 class GradientFailure(VIError):
     """Too many draws of a stochastic gradient failed (the model threw or was non-finite)."""
+
+
+class CompiledByShape:
+    """``jax.jit(fn)`` compiled ahead of time once per argument-shape signature, timing each
+    compilation, so a fit can report JAX compile time apart from run time (DESIGN.md,
+    "Conventions")."""
+
+    def __init__(self, fn: Callable) -> None:
+        self._jitted = jax.jit(fn)
+        self._compiled: dict[tuple, Callable] = {}
+        self.seconds = 0.0
+
+    def __call__(self, *args):
+        args = tuple(np.asarray(a, dtype=np.float64) for a in args)
+        signature = tuple(a.shape for a in args)
+        compiled = self._compiled.get(signature)
+        if compiled is None:
+            start = time.perf_counter()
+            compiled = self._jitted.lower(*args).compile()
+            self.seconds += time.perf_counter() - start
+            self._compiled[signature] = compiled
+        return compiled(*args)
 
 
 class ElboEstimator:
@@ -58,11 +81,19 @@ class ElboEstimator:
             z = family.sample(params, eps)
             return z, jax.vmap(log_density)(z), family.log_q(params, z)
 
-        self._values = jax.jit(jax.vmap(ell, in_axes=(None, 0)))
-        self._values_and_grads = jax.jit(jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0)))
-        self._hvp = jax.jit(lambda p, eps, v: jax.jvp(lambda q: jax.grad(mean_ell)(q, eps), (p,), (v,))[1])
-        self._pair_differences = jax.jit(pair_differences)
-        self._log_p_and_q = jax.jit(log_p_and_q)
+        self._values = CompiledByShape(jax.vmap(ell, in_axes=(None, 0)))
+        self._values_and_grads = CompiledByShape(jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0)))
+        self._hvp = CompiledByShape(
+            lambda p, eps, v: jax.jvp(lambda q: jax.grad(mean_ell)(q, eps), (p,), (v,))[1])
+        self._pair_differences = CompiledByShape(pair_differences)
+        self._log_p_and_q = CompiledByShape(log_p_and_q)
+        self._compiled = (self._values, self._values_and_grads, self._hvp, self._pair_differences,
+                          self._log_p_and_q)
+
+    @property
+    def compile_seconds(self) -> float:
+        """Total JAX compilation time spent so far by this estimator."""
+        return sum(c.seconds for c in self._compiled)
 
     def values(self, params, eps) -> np.ndarray:
         """ℓ(λ; ε_j) for each draw (n,)."""
@@ -87,6 +118,16 @@ class ElboEstimator:
         """Draws z = g(λ, ε), log p(z) and log q(z) (for output draws and importance ratios)."""
         z, lp, lq = self._log_p_and_q(params, eps)
         return np.asarray(z), np.asarray(lp), np.asarray(lq)
+
+
+def estimator_for(target, family) -> ElboEstimator:
+    """The ELBO estimator of (target, family), built once and kept on the target, so repeated
+    fits of the same model (seeds, benchmarks) compile their JAX functions only once."""
+    cache = target.__dict__.setdefault("_stanvi_estimators", {})
+    est = cache.get(family)
+    if est is None:
+        est = cache[family] = ElboEstimator(family, target.jax_log_density)
+    return est
 
 
 class GradientEstimate(NamedTuple):
