@@ -1,16 +1,22 @@
 """The ``stanvi`` command.
 
     stanvi compile MODEL.stan            compile (cached) and print the library path
-    stanvi info MODEL.stan [--data D]    parameters, shapes, unconstrained dimension
+    stanvi info MODEL.stan [--data D]    parameters, shapes, dims, unconstrained dimension
+    stanvi fit MODEL.stan --data D --method M [--family F] [--seed S] [--output DIR]
+                                         fit, print the summary and diagnostics, write the Stan
+                                         CSV and the ArviZ DataTree (NetCDF)
     stanvi bench target                  cost of the Stan target layer (see stanvi.bench.target_bench)
     stanvi bench methods                 TrustVI vs ADVI vs HFSGVI on stan_models (methods_bench)
 
-Errors print one readable line (plus stanc's or Stan's own message) and exit with status 1.
+Errors print one readable line (plus stanc's or Stan's own message) and exit with status 1
+(status 2 for a bad command line); ``--debug`` (or ``STANVI_DEBUG=1``) shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,9 +42,103 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"library: {target.library_path}")
     print(f"unconstrained dimension: {target.dim}")
     print(f"Hessian-vector products: {'exact (nested autodiff)' if target.hvp_exact else 'finite differences'}")
-    print(f"{'variable':<24} {'block':<22} shape")
+    dims = _declared_dims(target)
+    print(f"{'variable':<24} {'block':<22} {'shape':<14} dims")
     for v in target.variables():
-        print(f"{v.name:<24} {kinds[v.name]:<22} {v.shape if v.shape else '()'}")
+        names = dims.get(v.name)
+        dim_text = ("(" + ", ".join(n or "?" for n in names) + ")"
+                    if names is not None and len(names) == len(v.shape) and v.shape else "")
+        print(f"{v.name:<24} {kinds[v.name]:<22} {str(v.shape if v.shape else '()'):<14} {dim_text}")
+    return 0
+
+
+def _declared_dims(target) -> dict:
+    """Size names per variable from the Stan program (``vector[J] theta`` -> ('J',))."""
+    from stanvi.stan.declarations import declarations  # noqa: PLC0415
+
+    stan_file = getattr(getattr(target, "compiled", None), "stan_file", None)
+    try:
+        return {k: d.dims for k, d in declarations(Path(stan_file).read_text()).items()}
+    except (OSError, TypeError):
+        return {}
+
+
+def _parse_option(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    name, value = text.split("=", 1)
+    name = name.strip().replace("-", "_")
+    low = value.strip().lower()
+    if low in ("true", "false"):
+        return name, low == "true"
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _group_spec(values: list[str] | None):
+    """``["y=log_lik", "z"]`` -> ``{"y": "log_lik", "z": "z"}`` (None when empty)."""
+    if not values:
+        return None
+    spec = {}
+    for v in values:
+        group_name, _, stan_name = v.partition("=")
+        spec[group_name] = stan_name or group_name
+    return spec
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    import warnings  # noqa: PLC0415
+
+    import stanvi  # noqa: PLC0415
+
+    model = Path(args.model)
+    if not model.exists():
+        raise FileNotFoundError(f"model file not found: {model}")
+    if args.data is not None and not Path(args.data).is_file():
+        raise FileNotFoundError(f"data file not found: {args.data}")
+    options = dict(args.option or [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit = stanvi.fit(str(model), args.data, method=args.method, family=args.family,
+                         seed=args.seed, profile=args.profile, draws=args.draws,
+                         init=args.init, max_oracle_calls=args.max_oracle_calls,
+                         progress=not args.quiet, **options)
+    method_warnings = list(dict.fromkeys(str(w.message) for w in caught))
+    out_dir = Path(args.output)
+    base = args.name or f"{fit.target.name}-{fit.method}"
+    tree_kwargs = {"log_likelihood": _group_spec(args.log_likelihood),
+                   "posterior_predictive": _group_spec(args.posterior_predictive)}
+    paths = fit.save(out_dir, basename=base, zarr=args.zarr, data_file=args.data,
+                     tree_kwargs=tree_kwargs)
+
+    import pandas as pd  # noqa: PLC0415
+
+    print(f"{fit.target.name}: {fit.method} ({fit.family_name}, profile {fit.profile}), "
+          f"seed {fit.seed}, {len(fit.trace) - 1} iterations, "
+          f"{fit.oracle['oracle_scaled']:.1f} oracle calls, {fit.wall_time:.2f} s "
+          f"(JAX compile {fit.compile_time:.2f} s)")
+    with pd.option_context("display.max_rows", args.max_rows, "display.width", 120):
+        summary = fit.summary()
+        print(summary.to_string(float_format=lambda x: f"{x:.4g}", max_rows=args.max_rows))
+    print()
+    print(fit.diagnostics())
+    for w in method_warnings[:5]:
+        print(f"warning: {w}")
+    print()
+    for kind, path in paths.items():
+        print(f"wrote {kind + ':':<12} {path}")
     return 0
 
 
@@ -61,9 +161,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     raise SystemExit(f"unknown benchmark {args.what}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``stanvi fit: error: ...`` (and a pointer to --help)."""
+
+    def error(self, message: str):  # noqa: D102
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stanvi", description="Fast variational inference for Stan models.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from stanvi.methods import available  # noqa: PLC0415
+
+    parser = _Parser(prog="stanvi", description="Fast variational inference for Stan models.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback on errors (also: STANVI_DEBUG=1)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("compile", help="compile a .stan file (cached) and print the library path")
     p.add_argument("model", help="path of the .stan file")
@@ -71,11 +182,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_compile)
 
-    p = sub.add_parser("info", help="show a model's parameters, shapes and unconstrained dimension")
+    p = sub.add_parser("info", help="show a model's parameters, shapes, dims and unconstrained dimension")
     p.add_argument("model", help="path of the .stan file or compiled library")
     p.add_argument("--data", default=None, help="data as a JSON file (needed when the model has data)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "fit", help="fit a model; print the summary and diagnostics; write CSV and NetCDF",
+        description="Fit a variational approximation, print the summary table and the Pareto "
+                    "k-hat diagnostics, and write <name>.csv (Stan CSV, CmdStan 'variational' "
+                    "layout), <name>.nc (ArviZ DataTree), <name>_summary.csv and "
+                    "<name>_diagnostics.txt to the output directory.")
+    p.add_argument("model", help="path of the .stan file (compiled and cached on first use) or "
+                                 "of a compiled model library")
+    p.add_argument("--data", default=None,
+                   help="data as a Stan JSON file (needed when the model has a data block)")
+    p.add_argument("--method", default="trustvi", choices=available(),
+                   help="variational method (default: trustvi)")
+    p.add_argument("--family", default="meanfield", choices=["meanfield", "fullrank"],
+                   help="variational family (default: meanfield)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--profile", default=None,
+                   help="the method's named option set, e.g. 'paper' or 'stan' (default: the "
+                        "method's default profile; see docs/methods.md)")
+    p.add_argument("--draws", type=_positive_int, default=1000,
+                   help="number of output draws from the approximation (default: 1000)")
+    p.add_argument("--init", default=None, choices=["zero", "random"],
+                   help="initial mean: 'zero' or 'random' (Stan's uniform(-2, 2)); default: the "
+                        "method's rule")
+    p.add_argument("--max-oracle-calls", type=float, default=None,
+                   help="budget in scaled oracle calls; the fit stops with status 'budget'")
+    p.add_argument("--option", action="append", type=_parse_option, metavar="NAME=VALUE",
+                   help="a method option, e.g. --option max_iters=200 (repeatable; values are "
+                        "read as JSON, else as text)")
+    p.add_argument("--output", default=".",
+                   help="directory for the output files (default: the current directory)")
+    p.add_argument("--name", default=None,
+                   help="base name of the output files (default: MODEL-METHOD)")
+    p.add_argument("--zarr", action="store_true",
+                   help="also write the DataTree as a Zarr store (needs the zarr package)")
+    p.add_argument("--log-likelihood", action="append", metavar="[OBS=]GQ",
+                   help="move generated quantity GQ to the log_likelihood group (named OBS), "
+                        "e.g. --log-likelihood y=log_lik (repeatable)")
+    p.add_argument("--posterior-predictive", action="append", metavar="[OBS=]GQ",
+                   help="move generated quantity GQ to the posterior_predictive group, e.g. "
+                        "--posterior-predictive y=y_rep (repeatable)")
+    p.add_argument("--max-rows", type=int, default=40,
+                   help="rows of the summary table to print (default: 40)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the full traceback on errors")
+    p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods"],
@@ -96,14 +254,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("STANVI_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
     except StanviError as exc:
+        if debug:
+            raise
         print(f"stanvi: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        if debug:
+            raise
         print(f"stanvi: error: {exc}", file=sys.stderr)
         return 1
+    except (ValueError, TypeError, KeyError, ImportError) as exc:
+        # Bad options (unknown profile or option name, wrong value type), bad group names.
+        if debug:
+            raise
+        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"stanvi: error: {text} (run with --debug for the traceback)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stanvi: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

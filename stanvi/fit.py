@@ -72,6 +72,7 @@ class Fit:
     compile_time: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     _estimator: ElboEstimator | None = field(default=None, repr=False)
+    _diagnostics: Any = field(default=None, repr=False)
 
     # ---------------------------------------------------------------- accessors
     @property
@@ -141,6 +142,31 @@ class Fit:
                 index.append(label)
         columns = ["mean", "sd"] + [f"{p:g}%" for p in percentiles]
         return pd.DataFrame(rows, index=index, columns=columns)
+
+    # ---------------------------------------------------------------- output (issue P1-3)
+    def diagnostics(self, resample: bool = False, **kwargs):
+        """Pareto k-hat of the importance ratios, its verdict, importance ESS and warnings
+        (:mod:`stanvi.diagnostics`); ``resample=True`` adds PSIS-resampled draws."""
+        from stanvi.diagnostics import diagnose  # noqa: PLC0415
+
+        if resample or kwargs:
+            return diagnose(self, resample=resample, **kwargs)
+        if self._diagnostics is None:
+            self._diagnostics = diagnose(self)
+        return self._diagnostics
+
+    def to_arviz(self, **kwargs):
+        """The fit as an ArviZ DataTree (:func:`stanvi.arviz_io.to_datatree`)."""
+        from stanvi.arviz_io import to_datatree  # noqa: PLC0415
+
+        return to_datatree(self, **kwargs)
+
+    def save(self, directory, **kwargs):
+        """Write the Stan CSV, the NetCDF DataTree, the summary and the diagnostics to
+        ``directory`` (:func:`stanvi.output.save`); returns the paths."""
+        from stanvi.output import save  # noqa: PLC0415
+
+        return save(self, directory, **kwargs)
 
     def __repr__(self) -> str:
         return (f"Fit(method={self.method!r}, family={self.family_name!r}, status={self.status!r}, "
@@ -244,7 +270,17 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
                     options=opts, seed=seed, key=key, n_draws=draws, wall_time=wall,
                     setup_time=setup_time, estimator=estimator)
     fit_result.compile_time = estimator.compile_seconds - compile_before
+    _report_diagnostics(fit_result, progress)
     return fit_result
+
+
+def _report_diagnostics(fit_result: Fit, progress: bool) -> None:
+    """Compute and store the diagnostics; print the one-line verdict (issue P1-3)."""
+    import sys  # noqa: PLC0415
+
+    diag = fit_result.diagnostics()
+    if progress:
+        print(f"stanvi: {diag.one_line()}", file=sys.stderr)
 
 
 def make_fit(target: Target, family, result: MethodResult, *, method: str, profile: str, options,

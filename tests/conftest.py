@@ -108,10 +108,12 @@ def compiled():
     compiler.shutdown()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _compile_in_background(compiled):
-    """Start compiling every example model as soon as the session starts, so the compiles
-    overlap with tests that do not need them (the compile-cache tests, the error tests)."""
+@pytest.fixture(scope="session")
+def compile_in_background(compiled):
+    """Start compiling every example model now, so the compiles overlap with tests that do not
+    need them (the compile-cache tests, the error tests).  The Stan-layer test modules request
+    it with ``pytestmark = pytest.mark.usefixtures("compile_in_background")``; other test
+    modules never trigger these compiles."""
     compiled._start()
 
 

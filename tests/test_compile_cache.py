@@ -19,6 +19,8 @@ import stanvi
 from stanvi.stan.cache import file_sha256
 from stanvi.stan.compiler import compile_model
 
+pytestmark = pytest.mark.usefixtures("compile_in_background")
+
 
 def unique_program(mean: float = 1.5) -> str:
     return (f"// stanvi cache test {uuid.uuid4().hex}\n"

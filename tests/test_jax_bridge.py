@@ -15,6 +15,8 @@ import pytest
 import stanvi
 from conftest import data_dict, random_points
 
+pytestmark = pytest.mark.usefixtures("compile_in_background")
+
 jax.config.update("jax_enable_x64", True)
 
 

@@ -15,6 +15,8 @@ import pytest
 import stanvi
 from conftest import data_file, random_points
 
+pytestmark = pytest.mark.usefixtures("compile_in_background")
+
 N_PY_THREADS = 8
 ROUNDS = 12
 

@@ -14,6 +14,8 @@ from conftest import data_dict, data_file, stan_file
 from stanvi.stan import toolchain
 from stanvi.stan.compiler import compile_model
 
+pytestmark = pytest.mark.usefixtures("compile_in_background")
+
 
 # ---------------------------------------------------------------- compile errors
 SYNTAX_ERROR = """\

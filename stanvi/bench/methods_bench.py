@@ -82,8 +82,9 @@ def _evaluate(est, params, eps) -> float:
 def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> RunSummary:
     est = fit._estimator
     tr = fit.trace
-    idx = _log_spaced(len(tr), trace_points)
-    elbos = np.array([_evaluate(est, tr.params[i], eps_eval) for i in idx])
+    kept = tr.kept_rows()
+    idx = kept[_log_spaced(len(kept), trace_points)]
+    elbos = np.array([_evaluate(est, tr.params_at(int(i)), eps_eval) for i in idx])
     col = lambda name: tr.column(name)[idx]  # noqa: E731
     draws = col("gradient_draws") + col("hvp_draws") + col("log_density_draws")
     final = -math.inf if fit.status == "failed" else _evaluate(est, fit.params, eps_final)

@@ -31,8 +31,9 @@ Design choices
   since a non-finite log density comes back with a NaN gradient.
   Gradient: draws are consumed in order, in batches of ``grad_samples`` keyed
   ``fold_in(purpose_key(key, t, 'gradient'), attempt)``; the ``10·grad_samples``-th drop fails
-  the gradient — bit-for-bit the rule (and the draws) of
-  :func:`stanvi.estimators.elbo.gradient_with_redraws` (tested).
+  the gradient — the same draws and the same rule as
+  :func:`stanvi.estimators.elbo.gradient_with_redraws` (tested to 1e-12; only the order of the
+  floating-point sum over draws may differ).
   ELBO (:func:`calc_elbo`): batches of ``elbo_samples`` on top of ``ElboEstimator.values``,
   keyed ``fold_in(purpose_key(key, t, 'elbo'), attempt)``; the ``elbo_samples``-th drop fails.
 * **Random keys.** Global iteration t counts every gradient step, adaptation included (trace
@@ -54,8 +55,12 @@ Design choices
 * **Statuses.** 'converged' (mean or median relative change < tol; takes precedence when the
   check at ``max_iterations`` also converges), 'max_iters', 'budget', 'failed' (elbo_init
   failed — params q₀; all step sizes failed — params q₀; SGD gradient/ELBO failed — last iterate).
-* **Warnings.** "MAY BE DIVERGING" raises one :class:`ADVIWarning` per run (and flags the rows);
-  Stan's informational messages are collected in ``info['messages']``.
+* **Warnings.** "MAY BE DIVERGING" issues one :class:`ADVIWarning` per run (``warnings.warn``)
+  and flags every such row; Stan's informational messages are collected in ``info['messages']``.
+* **Output** (§2.8): :func:`output_draws` gives Stan's 1 + output_samples rows (mean first) with
+  ``lp__``, ``log_p__``, ``log_g__``, for the caller to constrain.
+* **Speed, measured** (2-core CPU, JaxTarget, D = 5): about 30 µs per iteration with Stan's
+  defaults (trace recording included), for both families.
 * **[R] profile details.** ``init_log_scale = −1`` applies to both families (for full-rank
   L₀ = e⁻¹ I; [R] only changed the mean-field constructor, the paper only uses mean-field) [C].
 """
@@ -154,7 +159,8 @@ class Options:
         if self.init not in ("random", "zero"):
             raise ValueError(f"advi option init must be 'random' or 'zero', got {self.init!r}")
         if not math.isfinite(self.init_log_scale):
-            raise ValueError(f"advi option init_log_scale must be finite, got {self.init_log_scale!r}")
+            raise ValueError(f"advi option init_log_scale must be finite, "
+                             f"got {self.init_log_scale!r}")
 
     @property
     def cb_size(self) -> int:
@@ -308,7 +314,7 @@ class ChunkResult(NamedTuple):
     fatal: bool              # a gradient failed with absorb=False; step n_done + 1 not taken
 
 
-def _build_kernel(family, log_density, n: int):
+def _build_kernel(family, log_density, n: int, chunk: int):
     dim, n_params, limit = family.dim, family.n_params, GRAD_RETRIES * n
 
     def ell(params, e):
@@ -357,8 +363,8 @@ def _build_kernel(family, log_density, n: int):
             return (jnp.where(fatal, i, i + 1), params, s, hist.at[i].set(params),
                     gfail.at[i].set(failed), drops.at[i].set(dropped), fatal)
 
-        init = (jnp.zeros((), jnp.int32), params, s, jnp.zeros((_CHUNK, n_params)),
-                jnp.zeros(_CHUNK, bool), jnp.zeros(_CHUNK, jnp.int32), jnp.zeros((), bool))
+        init = (jnp.zeros((), jnp.int32), params, s, jnp.zeros((chunk, n_params)),
+                jnp.zeros(chunk, bool), jnp.zeros(chunk, jnp.int32), jnp.zeros((), bool))
         i, params, s, hist, gfail, drops, fatal = lax.while_loop(cond, body, init)
         return params, s, hist, gfail, drops, i, fatal
 
@@ -371,10 +377,10 @@ _KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _kernel(estimator: ElboEstimator, grad_samples: int):
     """The compiled chunk for (estimator, grad_samples), cached weakly on the estimator."""
     per_estimator = _KERNELS.setdefault(estimator, {})
-    if grad_samples not in per_estimator:
-        per_estimator[grad_samples] = _build_kernel(estimator.family, estimator.log_density,
-                                                    grad_samples)
-    return per_estimator[grad_samples]
+    if (grad_samples, _CHUNK) not in per_estimator:
+        per_estimator[grad_samples, _CHUNK] = _build_kernel(
+            estimator.family, estimator.log_density, grad_samples, _CHUNK)
+    return per_estimator[grad_samples, _CHUNK]
 
 
 def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: int, eta: float,
@@ -445,7 +451,8 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     ledger, trace = OracleLedger(), Trace()
     info: dict[str, Any] = {"init": init_kind, "cb_size": opt.cb_size, "messages": [],
                             "adapt_elbos": [], "adapt_steps": 0, "sgd_iterations": 0,
-                            "grad_draws_dropped": 0, "grad_failures": 0, "eta_adapted": bool(opt.adapt_engaged)}
+                            "grad_draws_dropped": 0, "grad_failures": 0,
+                            "eta_adapted": bool(opt.adapt_engaged)}
     state = {"t": 0, "params": params0}
 
     def result(status: str, message: str = "", params=None) -> MethodResult:
@@ -537,7 +544,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         try:
             monitor.elbo = elbo_at(params0, _PRELOOP_ITERATION)
         except ElboFailure as exc:
-            return result("failed", str(exc), params=params0)
+            return result("failed", f"{exc} (ELBO before the SGD loop)", params=params0)
         info["pre_loop_elbo"] = monitor.elbo
     params, s, k = params0, zeros, 0
     warned = False

@@ -92,7 +92,7 @@ class Options:
 PROFILES: dict[str, dict] = {
     "paper": {},
     "default": {"n_grad": 16, "n_hess": 8, "n_change0": 16, "r_max": 64, "n_change_max": 1024,
-                "delta0": 1.0, "tol_model_iters": 3,
+                "delta0": 1.0, "tol_model_iters": 3, "tol_interior": 0.1, "tol_boundary": 0.3,
                 "max_iters": 1000, "tol_model": 0.25},
 }
 DEFAULT_PROFILE = "default"

@@ -55,7 +55,7 @@ def data_to_dict(data: DataLike) -> dict[str, Any]:
 
 _VARIABLE_PATTERNS = (
     re.compile(r"variable name=([A-Za-z_]\w*)"),
-    re.compile(r"_model: ([A-Za-z_]\w*)(?:\[[^\]]*\])* is .*but must be"),
+    re.compile(r"_model: ([A-Za-z_]\w*)(?:\[[^\]]*\])* (?:is|has) "),
     re.compile(r"variable ([A-Za-z_]\w*)\b"),
 )
 

@@ -186,6 +186,28 @@ double gradient_at(const stan::model::model_base& model, bool propto, bool jacob
 // tangent's reverse pass gives H v and the value's reverse pass gives g.
 // Finite-difference build: central differences of gradients with step h = cbrt(eps) scaled to x
 // and v (second-order accurate; the library reports which build it is).
+double fd_hvp_at(const stan::model::model_base& model, bool propto, bool jacobian, const Vec& x,
+                 const Vec& v, double* grad, double* hvp, std::ostream* msgs) {
+  const Eigen::Index d = x.size();
+  const double value = gradient_at(model, propto, jacobian, x, grad, msgs);
+  const double vnorm = v.norm();
+  if (vnorm == 0.0) {
+    for (Eigen::Index i = 0; i < d; ++i) hvp[i] = 0.0;
+    return value;
+  }
+  const double h = std::cbrt(std::numeric_limits<double>::epsilon()) *
+                   std::max(1.0, x.norm()) / vnorm;
+  Vec gp(d), gm(d);
+  Vec xp = x + h * v;
+  Vec xm = x - h * v;
+  gradient_at(model, propto, jacobian, xp, gp.data(), msgs);
+  gradient_at(model, propto, jacobian, xm, gm.data(), msgs);
+  for (Eigen::Index i = 0; i < d; ++i) hvp[i] = (gp(i) - gm(i)) / (2.0 * h);
+  return value;
+}
+
+bool all_finite(const double* a, Eigen::Index n);
+
 double hvp_at(const stan::model::model_base& model, bool propto, bool jacobian, const Vec& x,
               const Vec& v, double* grad, double* hvp, std::ostream* msgs) {
 #ifdef STAN_MODEL_FVAR_VAR
@@ -209,24 +231,15 @@ double hvp_at(const stan::model::model_base& model, bool propto, bool jacobian, 
   stan::math::set_zero_all_adjoints_nested();
   stan::math::grad(lp.val().vi_);
   for (Eigen::Index i = 0; i < d; ++i) grad[i] = xv(i).adj();
+  // Some Stan Math functions have fvar<var> derivatives that are NaN where the function and its
+  // gradient are finite (e.g. ordered_logistic_lpmf, stan-dev/math#3016): fall back to finite
+  // differences of exact gradients for such a point rather than failing the draw.
+  if (std::isfinite(value) && all_finite(grad, d) && !all_finite(hvp, d)) {
+    return fd_hvp_at(model, propto, jacobian, x, v, grad, hvp, msgs);
+  }
   return value;
 #else
-  const Eigen::Index d = x.size();
-  const double value = gradient_at(model, propto, jacobian, x, grad, msgs);
-  const double vnorm = v.norm();
-  if (vnorm == 0.0) {
-    for (Eigen::Index i = 0; i < d; ++i) hvp[i] = 0.0;
-    return value;
-  }
-  const double h = std::cbrt(std::numeric_limits<double>::epsilon()) *
-                   std::max(1.0, x.norm()) / vnorm;
-  Vec gp(d), gm(d);
-  Vec xp = x + h * v;
-  Vec xm = x - h * v;
-  gradient_at(model, propto, jacobian, xp, gp.data(), msgs);
-  gradient_at(model, propto, jacobian, xm, gm.data(), msgs);
-  for (Eigen::Index i = 0; i < d; ++i) hvp[i] = (gp(i) - gm(i)) / (2.0 * h);
-  return value;
+  return fd_hvp_at(model, propto, jacobian, x, v, grad, hvp, msgs);
 #endif
 }
 

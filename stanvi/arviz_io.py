@@ -1,0 +1,379 @@
+"""A :class:`~stanvi.fit.Fit` as an ArviZ 1.x DataTree (spec trustvi_hfsgvi_advi.md §8).
+
+Groups:
+
+* ``posterior``: the output draws from the approximation, constrained, by Stan variable name and
+  shape, with dims ``(chain=1, draw=S, ...)``.  Transformed parameters and generated quantities
+  are included.  Extra dims are named from the Stan program where its declaration says
+  (``vector[J] theta`` gives dim ``J``), else ArviZ's default ``theta_dim_0``.
+* ``sample_stats``: ``lp`` = log p(z) (unconstrained, Jacobian included, normalized: Stan's
+  ``log_p__``), ``lp_approx`` = log q(z) (the full normalized log density of the approximation;
+  cmdstanr's ``lp_approx``), ``log_g`` (Stan's ``log_g__`` = −½‖ε‖², for CSV parity) and
+  ``log_weight`` = lp − lp_approx (the raw log importance ratio used for Pareto k-hat).
+* ``observed_data``: the data variables the model block conditions on (left of ``~``, or the
+  first argument of an ``_lpdf``/``_lpmf``), as read from the Stan program; ``constant_data``:
+  every other data variable (sizes, covariates).  Pass ``observed=[...]`` to choose yourself;
+  without the program text (a bare library or a JAX target) all data go to ``constant_data``.
+* ``log_likelihood`` / ``posterior_predictive`` (only when asked for): generated quantities moved
+  out of ``posterior``, as ``arviz_base.from_cmdstanpy`` does.
+* ``vi_trace``: the optimization trace, one row per iteration (dim ``iteration``), with oracle
+  counts and wall time — kept out of ``sample_stats`` as §8 asks.
+* ``vi_approximation``: the final variational parameters (flat), and the mean and marginal sd of
+  q in unconstrained space.
+
+Root attributes (also on ``posterior``): ``inference_library = "stanvi"``, its version, method,
+family, profile, options (JSON), seed, status and message, oracle counts, wall/compile/setup
+time, iterations, and the diagnostics (Pareto k-hat, its threshold, the verdict, IS ESS, ELBO).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SAMPLE_DIMS = ("chain", "draw")
+
+
+# ---------------------------------------------------------------------- helpers
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def options_json(options: Any) -> str:
+    """The method's options as a JSON object string."""
+    return json.dumps(_jsonable(options), sort_keys=False)
+
+
+def _attr_value(value: Any) -> Any:
+    """A netCDF-safe attribute value (str, int, float)."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, (int, float, str)):
+        return value
+    if value is None:
+        return ""
+    return json.dumps(_jsonable(value))
+
+
+def _stan_code(target) -> str | None:
+    compiled = getattr(target, "compiled", None)
+    path = getattr(compiled, "stan_file", None)
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def _regroup_flat(draws: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Scalar draws named like Stan's flat columns (``z.1``, ``z.2`` ...) grouped into arrays, as
+    a JAX target's coordinates are; other draws unchanged."""
+    if not draws or not all(np.ndim(v) == 1 for v in draws.values()) or not any(
+            "." in k for k in draws):
+        return dict(draws)
+    from stanvi.stan.names import group_names  # noqa: PLC0415
+
+    names = list(draws)
+    try:
+        variables = group_names(names)
+    except ValueError:
+        return dict(draws)
+    if len(variables) == len(names):
+        return dict(draws)
+    flat = np.column_stack([np.asarray(draws[n]) for n in names])
+    return {v.name: v.extract(flat) for v in variables}
+
+
+def _resolve_dims(values: Mapping[str, np.ndarray], declared: Mapping[str, tuple], n_lead: int,
+                  user_dims: Mapping[str, list[str]] | None) -> dict[str, list[str]]:
+    """Dim names for each variable's non-sample axes: the user's, else the program's size names
+    where they are consistent, else ``{name}_dim_{i}``."""
+    out: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
+    names_in_group = set(values)
+    for name, arr in values.items():
+        shape = np.shape(arr)[n_lead:]
+        if not shape:
+            continue
+        if user_dims and name in user_dims:
+            out[name] = list(user_dims[name])
+            continue
+        decl = declared.get(name)
+        dims = list(decl) if decl is not None and len(decl) == len(shape) else [None] * len(shape)
+        chosen: list[str] = []
+        for i, (dim, size) in enumerate(zip(dims, shape)):
+            default = f"{name}_dim_{i}"
+            if (dim is None or dim in chosen or dim in names_in_group or dim in SAMPLE_DIMS
+                    or sizes.get(dim, size) != size):
+                dim = default
+            sizes[dim] = size
+            chosen.append(dim)
+        out[name] = chosen
+    return out
+
+
+def _trace_dataset_dict(trace) -> dict[str, np.ndarray]:
+    rows = list(getattr(trace, "rows", []) or [])
+    keys: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    cols: dict[str, np.ndarray] = {}
+    for k in keys:
+        vals = [r.get(k) for r in rows]
+        present = [v for v in vals if v is not None]
+        if present and all(isinstance(v, (bool, np.bool_)) for v in present):
+            if len(present) == len(vals):
+                cols[k] = np.array(vals, dtype=bool)
+            else:  # missing booleans: 1/0 with NaN for "not recorded"
+                cols[k] = np.array([np.nan if v is None else float(v) for v in vals])
+        elif all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+                 for v in present):
+            cols[k] = np.array([np.nan if v is None else float(v) for v in vals], dtype=float)
+            if (present and len(present) == len(vals)
+                    and all(isinstance(v, (int, np.integer)) for v in present)):
+                cols[k] = cols[k].astype(np.int64)
+        else:
+            cols[k] = np.array(["" if v is None else str(v) for v in vals], dtype=str)
+    return cols
+
+
+def fit_attrs(fit, diagnostics=None) -> dict[str, Any]:
+    """The metadata of a fit as netCDF-safe attributes."""
+    import stanvi  # noqa: PLC0415
+
+    attrs: dict[str, Any] = {
+        "inference_library": "stanvi",
+        "inference_library_version": stanvi.__version__,
+        "stanvi_version": stanvi.__version__,
+        "model": str(getattr(fit.target, "name", "")),
+        "method": fit.method,
+        "family": fit.family_name,
+        "profile": str(fit.profile),
+        "options": options_json(fit.options),
+        "seed": int(fit.seed),
+        "status": fit.status,
+        "message": fit.message or "",
+        "iterations": max(len(fit.trace) - 1, 0),
+        "num_draws": int(np.shape(fit.log_p)[0]),
+        "unconstrained_dim": int(fit.unconstrained_draws.shape[1]),
+        "wall_time": float(fit.wall_time),
+        "compile_time": float(fit.compile_time),
+        "setup_time": float(fit.setup_time),
+        "run_time": float(fit.wall_time - fit.compile_time),
+    }
+    for k, v in fit.oracle.items():
+        attrs[k] = v
+    if diagnostics is not None:
+        attrs.update({
+            "pareto_k": float(diagnostics.khat),
+            "pareto_k_threshold": float(diagnostics.threshold),
+            "verdict": diagnostics.verdict,
+            "ess_importance": float(diagnostics.ess),
+            "elbo": float(diagnostics.elbo),
+            "elbo_se": float(diagnostics.elbo_se),
+        })
+    return {k: _attr_value(v) for k, v in attrs.items()}
+
+
+def _as_mapping(spec, what: str) -> dict[str, str]:
+    if spec is None:
+        return {}
+    if isinstance(spec, str):
+        return {spec: spec}
+    if isinstance(spec, Mapping):
+        return {str(k): str(v) for k, v in spec.items()}
+    if isinstance(spec, Iterable):
+        return {str(s): str(s) for s in spec}
+    raise TypeError(f"{what} must be a name, a list of names or a dict, got {spec!r}")
+
+
+# ---------------------------------------------------------------------- main entry point
+def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed=None,
+                dims: Mapping[str, list[str]] | None = None, coords: Mapping[str, Any] | None = None,
+                include_data: bool = True, include_trace: bool = True):
+    """The fit as an ``xarray.DataTree`` following ArviZ conventions (see the module docstring).
+
+    Args:
+        fit: a :class:`stanvi.Fit`.
+        log_likelihood: generated quantities holding pointwise log likelihoods, moved to a
+            ``log_likelihood`` group: a name, a list of names, or a dict ``{group name: Stan
+            name}`` (e.g. ``{"y": "log_lik"}`` names it after the observed variable, as ArviZ
+            expects for LOO).
+        posterior_predictive: likewise for replicated data (``{"y": "y_rep"}``).
+        observed: data variables for ``observed_data`` (default: read from the model block).
+        dims, coords: override dim names per variable / give coordinate values per dim.
+        include_data: add ``observed_data`` / ``constant_data``.
+        include_trace: add the ``vi_trace`` and ``vi_approximation`` groups.
+    """
+    from arviz_base import from_dict  # noqa: PLC0415
+    from xarray import Dataset, DataTree  # noqa: PLC0415
+
+    from stanvi.stan.declarations import declarations, observed_names  # noqa: PLC0415
+
+    code = _stan_code(fit.target)
+    decls = declarations(code) if code else {}
+    declared = {k: d.dims for k, d in decls.items()}
+
+    draws = _regroup_flat(fit.draws)
+    ll_map = _as_mapping(log_likelihood, "log_likelihood")
+    pp_map = _as_mapping(posterior_predictive, "posterior_predictive")
+    for group_map in (ll_map, pp_map):
+        missing = [v for v in group_map.values() if v not in draws]
+        if missing:
+            raise KeyError(f"no variable(s) {missing} in the fit; variables: {list(draws)}")
+    moved = set(ll_map.values()) | set(pp_map.values())
+
+    def chain(a: np.ndarray) -> np.ndarray:
+        return np.asarray(a)[None, ...]
+
+    groups: dict[str, dict[str, np.ndarray]] = {
+        "posterior": {k: chain(v) for k, v in draws.items() if k not in moved}}
+    if ll_map:
+        groups["log_likelihood"] = {g: chain(draws[s]) for g, s in ll_map.items()}
+    if pp_map:
+        groups["posterior_predictive"] = {g: chain(draws[s]) for g, s in pp_map.items()}
+
+    diag = None
+    if hasattr(fit, "diagnostics"):
+        try:
+            diag = fit.diagnostics()
+        except Exception:  # noqa: BLE001  (diagnostics must never block the conversion)
+            diag = None
+    log_p = np.asarray(fit.log_p, dtype=float)
+    log_q = np.asarray(fit.log_q, dtype=float)
+    groups["sample_stats"] = {"lp": chain(log_p), "lp_approx": chain(log_q),
+                              "log_g": chain(log_g(fit)), "log_weight": chain(log_p - log_q)}
+
+    all_dims: dict[str, list[str]] = {}
+    for name, values in groups.items():
+        renamed_decl = dict(declared)
+        group_map = ll_map if name == "log_likelihood" else pp_map if name == "posterior_predictive" else {}
+        for g, s in group_map.items():
+            renamed_decl[g] = declared.get(s)
+        renamed_decl = {k: v for k, v in renamed_decl.items() if v is not None}
+        all_dims.update(_resolve_dims(values, renamed_decl, 2, dims))
+
+    if include_data:
+        data = {}
+        if hasattr(fit.target, "data_dict"):
+            data = {k: np.asarray(v) for k, v in fit.target.data_dict().items()}
+        if data:
+            if observed is None:
+                obs = observed_names(code, data) if code else []
+            else:
+                obs = list(observed)
+                unknown = [o for o in obs if o not in data]
+                if unknown:
+                    raise KeyError(f"observed names {unknown} are not data variables; data: {list(data)}")
+            if obs:
+                groups["observed_data"] = {k: data[k] for k in obs}
+            rest = {k: v for k, v in data.items() if k not in obs}
+            if rest:
+                groups["constant_data"] = rest
+            for gname in ("observed_data", "constant_data"):
+                if gname in groups:
+                    gd = _resolve_dims(groups[gname], declared, 0, dims)
+                    all_dims.update({f"{gname}::{k}": v for k, v in gd.items()})
+
+    attrs = fit_attrs(fit, diag)
+    data_dims = {k: v for k, v in all_dims.items() if "::" not in k}
+    tree_groups = {}
+    for gname, values in groups.items():
+        gdims = {k: all_dims.get(f"{gname}::{k}", data_dims.get(k)) for k in values}
+        gdims = {k: v for k, v in gdims.items() if v}
+        sub = from_dict({gname: values}, dims=gdims, coords=dict(coords or {}),
+                        sample_dims=list(SAMPLE_DIMS),
+                        attrs={gname: attrs if gname in ("posterior", "sample_stats") else
+                               {"inference_library": "stanvi"}})
+        tree_groups[gname] = sub[gname].to_dataset()
+
+    if include_trace:
+        trace_cols = _trace_dataset_dict(fit.trace)
+        tree_groups["vi_trace"] = Dataset(
+            {k: ("iteration", v) for k, v in trace_cols.items()},
+            attrs={"description": "one row per iteration; row 0 is the initial iterate"})
+        params = np.asarray(fit.params, dtype=float)
+        mean = np.asarray(fit.family.mean(params), dtype=float)
+        sd = np.asarray(fit.family.marginal_sd(params), dtype=float) if hasattr(
+            fit.family, "marginal_sd") else np.sqrt(np.diag(np.asarray(fit.family.covariance(params))))
+        unc_names = list(getattr(fit.target, "unconstrained_names", []) or [])
+        if len(unc_names) != mean.size:
+            unc_names = [f"z.{i + 1}" for i in range(mean.size)]
+        tree_groups["vi_approximation"] = Dataset(
+            {"params": ("variational_parameter", params),
+             "mean": ("unconstrained_parameter", mean),
+             "sd": ("unconstrained_parameter", sd)},
+            coords={"unconstrained_parameter": np.array(unc_names, dtype=str)},
+            attrs={"family": fit.family_name,
+                   "description": "q in unconstrained space: flat variational parameters "
+                                  "(layout: see stanvi.families), mean and marginal sd"})
+
+    tree = DataTree.from_dict(tree_groups)
+    tree.attrs = dict(attrs)
+    return tree
+
+
+def log_g(fit) -> np.ndarray:
+    """Stan's ``log_g__`` for each output draw: −½‖ε‖², i.e. log q without its constants
+    (``log q + H(q) − D/2``; spec §2.8)."""
+    d = int(fit.unconstrained_draws.shape[1])
+    entropy = float(fit.family.entropy(np.asarray(fit.params)))
+    return np.asarray(fit.log_q, dtype=float) + entropy - 0.5 * d
+
+
+def save_netcdf(tree, path) -> Path:
+    """Write a DataTree to a NetCDF file (any existing file is replaced)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()
+    tree.to_netcdf(path)
+    return path
+
+
+def save_zarr(tree, path) -> Path:
+    """Write a DataTree to a Zarr store (needs the ``zarr`` package)."""
+    try:
+        import zarr  # noqa: F401, PLC0415
+    except ImportError as exc:
+        raise ImportError("writing Zarr needs the 'zarr' package (pip install zarr)") from exc
+    path = Path(path)
+    tree.to_zarr(path, mode="w")
+    return path
+
+
+def load_datatree(path):
+    """Read a DataTree written by :func:`save_netcdf` (or a Zarr store) fully into memory."""
+    from xarray import open_datatree  # noqa: PLC0415
+
+    path = Path(path)
+    kwargs = {"engine": "zarr"} if path.is_dir() else {}
+    with open_datatree(path, **kwargs) as tree:
+        return tree.load()

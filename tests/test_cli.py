@@ -1,0 +1,159 @@
+"""The ``stanvi`` command (issue P1-3): ``stanvi fit`` end to end in a subprocess, ``stanvi info``,
+help text for every option, and each bad-input case giving a non-zero exit status and one
+readable error line (plus stanc's own message for a compile error)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stanio
+
+from stanvi.arviz_io import load_datatree
+from stanvi.cli import build_parser
+
+from conftest import data_dict, data_file, stan_file
+
+pytestmark = pytest.mark.usefixtures("compile_in_background")
+
+STANVI = Path(sys.executable).parent / "stanvi"
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("STANVI_DEBUG", None)
+    return subprocess.run([str(STANVI), *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines, f"no error message; stdout: {proc.stdout}"
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def bernoulli_compiled(compiled):
+    return compiled("bernoulli")  # the subprocess then finds it in the compile cache
+
+
+def test_entry_point_installed():
+    assert STANVI.exists(), "the stanvi console script is not installed in the venv"
+
+
+def test_fit_end_to_end(bernoulli_compiled, tmp_path):
+    proc = run_cli("fit", stan_file("bernoulli"), "--data", data_file("bernoulli"),
+                   "--method", "advi", "--seed", "3", "--draws", "500", "--output", tmp_path,
+                   "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "theta" in out and "mean" in out  # the summary table
+    assert "Pareto k-hat" in out and "verdict" in out  # the diagnostics
+    csv = tmp_path / "bernoulli-advi.csv"
+    nc = tmp_path / "bernoulli-advi.nc"
+    assert csv.exists() and nc.exists()
+    header, data = stanio.read_csv(str(csv))
+    assert header.split(",") == ["lp__", "log_p__", "log_g__", "theta"]
+    assert data.shape == (1, 501, 4)
+    theta = data[0, 1:, 3]
+    assert np.all((theta > 0) & (theta < 1))
+    tree = load_datatree(nc)
+    assert tree.attrs["method"] == "advi" and tree.attrs["seed"] == 3
+    np.testing.assert_array_equal(tree["posterior"]["theta"].values[0], theta)
+    y = np.asarray(data_dict("bernoulli")["y"])
+    np.testing.assert_array_equal(tree["observed_data"]["y"].values, y)
+    # the posterior is Beta(1 + Σy, 1 + N − Σy): the VI mean is close to it
+    exact = (1 + y.sum()) / (2 + y.size)
+    assert abs(theta.mean() - exact) < 0.05
+
+
+def test_info_prints_parameters_and_dims(compiled):
+    compiled("eight_schools")
+    proc = run_cli("info", stan_file("eight_schools"), "--data", data_file("eight_schools"),
+                   "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    assert "unconstrained dimension: 10" in proc.stdout
+    assert "parameter" in rows["theta_tilde"] and "(8,)" in rows["theta_tilde"]
+    assert "(J)" in rows["theta_tilde"]
+    assert "transformed_parameter" in rows["theta"]
+
+
+def test_every_option_has_help():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"compile", "info", "fit", "bench"} <= set(sub.choices)
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"stanvi {name}: {action.dest} has no help text"
+
+
+# ------------------------------------------------------------------ bad input
+def test_syntax_error(tmp_path):
+    bad = tmp_path / "bad.stan"
+    bad.write_text("parameters { real x }\nmodel { x ~ normal(0, 1); }\n")
+    proc = run_cli("fit", bad, "--quiet")
+    assert proc.returncode != 0
+    first = error_line(proc)
+    assert first.startswith("stanvi: error: StanCompileError") and "bad.stan" in first
+    assert "line 1" in first
+    assert "Expected \";\"" in proc.stderr  # stanc's own message follows
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_data_file(bernoulli_compiled, tmp_path):
+    proc = run_cli("fit", stan_file("bernoulli"), "--data", tmp_path / "nope.json", "--quiet")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0  # exactly one line
+    assert "data file not found" in error_line(proc) and "nope.json" in error_line(proc)
+
+
+def test_missing_data_variable(bernoulli_compiled, tmp_path):
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"N": 3}))
+    proc = run_cli("fit", stan_file("bernoulli"), "--data", partial, "--quiet")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0
+    first = error_line(proc)
+    assert first.startswith("stanvi: error: StanDataError") and "'y'" in first
+
+
+def test_unknown_method(bernoulli_compiled):
+    proc = run_cli("fit", stan_file("bernoulli"), "--data", data_file("bernoulli"),
+                   "--method", "nuts", "--quiet")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0
+    first = error_line(proc)
+    assert "--method" in first and "'nuts'" in first and "trustvi" in first
+
+
+def test_missing_model_file(tmp_path):
+    proc = run_cli("fit", tmp_path / "nope.stan", "--quiet")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0
+    assert "not found" in error_line(proc)
+
+
+def test_bad_options_messages(bernoulli_compiled, capsys):
+    from stanvi.cli import main  # noqa: PLC0415
+
+    base = ["fit", str(stan_file("bernoulli")), "--data", str(data_file("bernoulli")), "--quiet"]
+    rc = main([*base, "--profile", "nope"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err.count("\n") == 0 and "unknown profile 'nope'" in err
+    rc = main([*base, "--option", "bogus=1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err.count("\n") == 0 and "unknown option(s) ['bogus']" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", str(stan_file("bernoulli")), "--draws", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--draws" in err and "at least 1" in err

@@ -1,0 +1,98 @@
+"""Writing fits to disk (issue P1-3): the Stan CSV (CmdStan 'variational' layout, spec §2.8),
+and Fit.save (CSV + NetCDF + summary + diagnostics)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import stanio
+
+import stanvi
+from stanvi.arviz_io import load_datatree
+from stanvi.output import csv_columns, read_csv, write_csv
+
+from conftest import data_dict, data_file
+
+pytestmark = pytest.mark.usefixtures("compile_in_background")
+
+
+@pytest.fixture(scope="module")
+def fit(compiled):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return stanvi.fit(compiled("tp_gq"), data_file("tp_gq"), method="trustvi", seed=4,
+                          draws=300, progress=False)
+
+
+def test_csv_columns_are_cmdstan_names():
+    draws = {"a": np.zeros((2,)), "v": np.zeros((2, 3)), "S": np.zeros((2, 2, 3))}
+    assert csv_columns(draws) == ["a", "v.1", "v.2", "v.3", "S.1.1", "S.2.1", "S.1.2", "S.2.2",
+                                  "S.1.3", "S.2.3"]
+
+
+def test_stan_csv_layout(fit, tmp_path):
+    path = write_csv(fit, tmp_path / "fit.csv", data_file="data.json")
+    lines = path.read_text().splitlines()
+    header_at = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    comments = lines[:header_at]
+    assert "# method = variational" in comments
+    assert "#     algorithm = meanfield" in comments
+    assert "#     output_samples = 300" in comments
+    assert "#     method = trustvi" in comments and "#   seed = 4" in comments
+    assert "#   file = data.json" in comments
+    assert any(line.startswith("# pareto_k = ") for line in lines[header_at:])
+    assert any(line.startswith("# status = ") for line in lines[header_at:])
+
+    n = data_dict("tp_gq")["N"]
+    columns, mean_row, draws = read_csv(path)
+    expected = (["lp__", "log_p__", "log_g__", "alpha", "beta", "sigma"]
+                + [f"mu.{i}" for i in range(1, n + 1)] + [f"y_rep.{i}" for i in range(1, n + 1)]
+                + [f"log_lik.{i}" for i in range(1, n + 1)])
+    assert columns == expected
+    assert draws.shape == (300, len(expected))  # row 0 (the mean) + 300 draws in the file
+
+    # row 0: the mean of q, constrained; lp__ = log_p__ = log_g__ = 0
+    np.testing.assert_array_equal(mean_row[:3], 0.0)
+    mu = fit.mean
+    assert mean_row[3] == pytest.approx(mu[0]) and mean_row[4] == pytest.approx(mu[1])
+    assert mean_row[5] == pytest.approx(np.exp(mu[2]))  # sigma has <lower=0>
+    # draws: lp__ = 0, log_p__ = log p, log_g__ = −½‖ε‖², then the draws, to full precision
+    np.testing.assert_array_equal(draws[:, 0], 0.0)
+    np.testing.assert_array_equal(draws[:, 1], fit.log_p)
+    eps = (fit.unconstrained_draws - mu) / np.sqrt(np.diag(fit.covariance))
+    np.testing.assert_allclose(draws[:, 2], -0.5 * np.sum(eps**2, axis=1), atol=1e-8)
+    np.testing.assert_array_equal(draws[:, 3], fit.draws["alpha"])
+    # stanio reads the variables back with their shapes
+    variables = stanio.stan_variables(stanio.parse_header(",".join(columns)), draws)
+    for name in ("alpha", "mu", "y_rep", "log_lik"):
+        np.testing.assert_array_equal(variables[name], fit.draws[name])
+
+
+def test_sig_figs(fit, tmp_path):
+    path = write_csv(fit, tmp_path / "short.csv", sig_figs=3)
+    _, _, draws = read_csv(path)
+    np.testing.assert_allclose(draws[:, 3], fit.draws["alpha"], rtol=5e-3)
+
+
+def test_fit_save_writes_everything(fit, tmp_path):
+    paths = fit.save(tmp_path / "out")
+    assert {"csv", "netcdf", "summary", "diagnostics"} <= set(paths)
+    for p in paths.values():
+        assert p.exists() and p.stat().st_size > 0
+    tree = load_datatree(paths["netcdf"])
+    np.testing.assert_array_equal(tree["posterior"]["mu"].values[0], fit.draws["mu"])
+    assert "Pareto k-hat" in paths["diagnostics"].read_text()
+
+
+def test_zarr_only_with_zarr_installed(fit, tmp_path):
+    try:
+        import zarr  # noqa: F401, PLC0415
+    except ImportError:
+        with pytest.raises(ImportError, match="zarr"):
+            fit.save(tmp_path / "z", zarr=True)
+        return
+    paths = fit.save(tmp_path / "z", zarr=True)
+    tree = load_datatree(paths["zarr"])
+    np.testing.assert_array_equal(tree["posterior"]["alpha"].values[0], fit.draws["alpha"])
