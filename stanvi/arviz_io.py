@@ -308,7 +308,9 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
     for gname, values in groups.items():
         gdims = {k: all_dims.get(f"{gname}::{k}", data_dims.get(k)) for k in values}
         gdims = {k: v for k, v in gdims.items() if v}
-        sub = from_dict({gname: values}, dims=gdims, coords=dict(coords or {}),
+        used = {d for names in gdims.values() for d in names} | set(SAMPLE_DIMS)
+        gcoords = {k: v for k, v in (coords or {}).items() if k in used}
+        sub = from_dict({gname: values}, dims=gdims, coords=gcoords,
                         sample_dims=list(SAMPLE_DIMS),
                         attrs={gname: attrs if gname in ("posterior", "sample_stats") else
                                {"inference_library": "stanvi"}})

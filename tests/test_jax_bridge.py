@@ -249,15 +249,41 @@ def test_jax_target_wrapping_the_bridge(eight_schools):
     jt = stanvi.JaxTarget(t.jax_log_density, t.dim, names=t.unconstrained_names)
     z = random_points(t, 5, seed=7)
     v = np.ones_like(z)
-    before = t.counter.snapshot()
     res = jt.log_density_hvp(z, v)
     ref = t.log_density_hvp(z, v)
     np.testing.assert_array_equal(res.hvp, ref.hvp)
-    np.testing.assert_array_equal(res.gradient, ref.gradient)
-    # the value comes from the double-precision log density call, the reference from the HVP's
-    # nested sweep: the same expression, rounded differently by at most a few ulps
-    np.testing.assert_allclose(res.log_density, ref.log_density, rtol=4 * np.finfo(float).eps)
-    # jt's HVP: log_density (value) + jvp(grad) -> one HVP call of 5 rows and at most one value
-    # call of 5; then the reference call adds 5 HVP rows
-    d = _delta(before, t.counter.snapshot())
-    assert d["hvp"] == 10 and d["gradient"] == 0 and d["log_density"] in (0, 5)
+    # values and gradients may come from the plain or the nested AD sweep: the same expression,
+    # rounded differently by at most a few ulps
+    eps = np.finfo(float).eps
+    np.testing.assert_allclose(res.gradient, ref.gradient, rtol=8 * eps,
+                               atol=8 * eps * np.abs(ref.gradient).max())
+    np.testing.assert_allclose(res.log_density, ref.log_density, rtol=4 * eps)
+    res = jt.log_density_gradient(z)
+    np.testing.assert_allclose(res.gradient, t.log_density_gradient(z).gradient, rtol=8 * eps,
+                               atol=8 * eps * np.abs(ref.gradient).max())
+
+
+@pytest.mark.exposes_bug(
+    "stanvi/targets/jax_bridge.py: the JVP rule of value_and_gradient issues the HVP callback and "
+    "a separate gradient callback, and relies on the HVP running first (a thread-local cache "
+    "keyed by the points) to avoid a second C++ call. XLA does not order independent callbacks: "
+    "on the first execution of a jitted function the gradient callback runs first, so B extra "
+    "gradient draws are evaluated and counted")
+def test_first_call_of_jitted_hvp_is_one_batched_hvp_call(eight_schools, monkeypatch):
+    """jvp(grad(f)) must cost exactly one HVP per draw and nothing else, including on the first
+    call of a freshly jitted function (oracle counts must not depend on JAX's scheduling)."""
+    t = eight_schools
+    z = random_points(t, 6, seed=8)
+    v = np.random.default_rng(9).standard_normal(z.shape)
+    grad = jax.grad(t.jax_log_density)
+    fn = jax.jit(jax.vmap(lambda a, b: jax.jvp(grad, (a,), (b,))))
+    hvp_calls = CallCounter(monkeypatch, t, "log_density_hvp")
+    grad_calls = CallCounter(monkeypatch, t, "log_density_gradient")
+    before = t.counter.snapshot()
+    g, hv = fn(jnp.asarray(z), jnp.asarray(v))
+    assert hvp_calls.sizes == [6]
+    assert grad_calls.sizes == []
+    assert _delta(before, t.counter.snapshot()) == {"log_density": 0, "gradient": 0, "hvp": 6}
+    ref = t.log_density_hvp(z, v)
+    np.testing.assert_array_equal(np.asarray(hv), ref.hvp)
+    np.testing.assert_array_equal(np.asarray(g), ref.gradient)

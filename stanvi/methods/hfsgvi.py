@@ -86,6 +86,15 @@ def truncated_cg(hvp, c: np.ndarray, *, tol: float, maxiter: int) -> tuple[np.nd
 
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
     """Hessian-free Newton on the stochastic ELBO (spec §5.3)."""
+    # Overflow is this method's expected failure mode and is detected and reported explicitly
+    # (status 'failed', message 'overflow ...'); numpy's floating-point warnings on the way there
+    # (e.g. ‖r‖² overflowing in CG) must not leak out, since under ``-W error`` or
+    # ``np.seterr(all="raise")`` they would turn a reported failure into an exception.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _run(family, key=key, options=options, context=context)
+
+
+def _run(family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
     o = options
     est = context.estimator
     dim = family.dim

@@ -167,8 +167,7 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
 def _stanc(toolchain: Toolchain, stan_file: Path, hpp: Path, name: str, path: str | None) -> None:
     """Run stanc; on error raise StanCompileError carrying its message and location."""
     cmd = [str(toolchain.stanc), f"--name={name}_model", f"--o={hpp}"]
-    if path:
-        cmd.append(f"--filename-in-msg={Path(path).name}")
+    cmd.append(f"--filename-in-msg={Path(path).name if path else name + '.stan'}")
     result = _run(cmd + [str(stan_file)], "stanc")
     if result.returncode == 0:
         return

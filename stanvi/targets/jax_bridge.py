@@ -9,10 +9,10 @@
   the value), so ``jax.grad`` costs one gradient call per draw;
 * second order: the gradient is itself a ``custom_jvp`` function whose rule calls the target's
   Hessian-vector product (exact nested autodiff where the library has it), so
-  ``jax.jvp(jax.grad(f), (z,), (v,))`` costs one HVP call per draw.  The rule takes its primal
-  outputs (value, gradient) from a separate callback on z alone, so that batching only the
-  tangent (``jax.hessian``, ``jacfwd``) keeps the primal unbatched; that callback reuses the
-  value and gradient the HVP call just computed at the same points instead of evaluating again.
+  ``jax.jvp(jax.grad(f), (z,), (v,))`` costs one HVP call per draw (the HVP call returns the
+  value and gradient too).  That callback is a ``custom_vmap`` function: when only the tangent
+  is batched (``jax.hessian``, ``jacfwd``), its rule evaluates the broadcast points and returns
+  the value and gradient unbatched, as JAX requires of a primal output.
 
 Failed rows come back as ``-inf`` values and NaN derivatives, as in the Target protocol.
 Everything is float64 (the bridge turns on ``jax_enable_x64``).
@@ -20,10 +20,10 @@ Everything is float64 (the bridge turns on ``jax_enable_x64``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import jax
+import jax.custom_batching
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,29 +46,36 @@ def jax_log_density(target: Target) -> Callable[[jax.Array], jax.Array]:
         flat, batch = _flatten(z, dim)
         return target.log_density(flat).log_density.reshape(batch)
 
-    last_hvp = threading.local()  # (points' bytes, log density, gradient) of the last HVP call
-
     def value_grad_cb(z):
         flat, batch = _flatten(z, dim)
-        hit = getattr(last_hvp, "value", None)
-        if hit is not None and hit[0] == flat.tobytes():
-            lp, g = hit[1], hit[2]
-        else:
-            r = target.log_density_gradient(flat)
-            lp, g = r.log_density, r.gradient
-        return lp.reshape(batch), g.reshape(*batch, dim)
+        r = target.log_density_gradient(flat)
+        return r.log_density.reshape(batch), r.gradient.reshape(*batch, dim)
 
     def hvp_cb(z, v):
         zf, batch = _flatten(z, dim)
         vf, _ = _flatten(np.broadcast_to(v, np.shape(z)), dim)
         r = target.log_density_hvp(zf, vf)
-        last_hvp.value = (zf.tobytes(), r.log_density, r.gradient)
-        return r.hvp.reshape(*batch, dim)
+        return (r.log_density.reshape(batch), r.gradient.reshape(*batch, dim),
+                r.hvp.reshape(*batch, dim))
 
     def shapes(z, *extra):
         scalar = jax.ShapeDtypeStruct(z.shape[:-1], jnp.float64)
         vector = jax.ShapeDtypeStruct(z.shape, jnp.float64)
         return (scalar, *([vector] * len(extra)))
+
+    @jax.custom_batching.custom_vmap
+    def value_gradient_hvp(z, v):
+        """(log p, gradient, H v) at points z (..., D); one batched HVP call."""
+        return jax.pure_callback(hvp_cb, shapes(z, 1, 1), z, v)
+
+    @value_gradient_hvp.def_vmap
+    def _value_gradient_hvp_vmap(axis_size, in_batched, z, v):
+        z_batched, v_batched = in_batched
+        if z_batched:
+            v = v if v_batched else jnp.broadcast_to(v, z.shape)
+            return value_gradient_hvp(z, v), (True, True, True)
+        lp, g, hv = value_gradient_hvp(jnp.broadcast_to(z, (axis_size, *z.shape)), v)
+        return (lp[0], g[0], hv), (False, False, True)
 
     @jax.custom_jvp
     def value_and_gradient(z):
@@ -77,8 +84,7 @@ def jax_log_density(target: Target) -> Callable[[jax.Array], jax.Array]:
     @value_and_gradient.defjvp
     def _value_and_gradient_jvp(primals, tangents):
         (z,), (v,) = primals, tangents
-        hv = jax.pure_callback(hvp_cb, shapes(z, 1)[1], z, v, vmap_method="broadcast_all")
-        lp, g = jax.pure_callback(value_grad_cb, shapes(z, 1), z, vmap_method="broadcast_all")
+        lp, g, hv = value_gradient_hvp(z, v)
         return (lp, g), (jnp.sum(g * v, axis=-1), hv)
 
     @jax.custom_jvp

@@ -231,10 +231,11 @@ double hvp_at(const stan::model::model_base& model, bool propto, bool jacobian, 
   stan::math::set_zero_all_adjoints_nested();
   stan::math::grad(lp.val().vi_);
   for (Eigen::Index i = 0; i < d; ++i) grad[i] = xv(i).adj();
-  // Some Stan Math functions have fvar<var> derivatives that are NaN where the function and its
-  // gradient are finite (e.g. ordered_logistic_lpmf, stan-dev/math#3016): fall back to finite
-  // differences of exact gradients for such a point rather than failing the draw.
-  if (std::isfinite(value) && all_finite(grad, d) && !all_finite(hvp, d)) {
+  // Some Stan Math functions have nested-autodiff derivatives that are NaN where the function
+  // is finite (e.g. ordered_logistic_lpmf, stan-dev/math#3016, NaN gradient and HVP): fall back
+  // to reverse-mode gradients and finite differences of them for such a point rather than
+  // failing the draw.
+  if (std::isfinite(value) && !(all_finite(grad, d) && all_finite(hvp, d))) {
     return fd_hvp_at(model, propto, jacobian, x, v, grad, hvp, msgs);
   }
   return value;

@@ -1,0 +1,282 @@
+"""``stanvi.fit`` and the ``Fit`` object (issue P1-2, "stanvi.fit and the Fit object").
+
+* Every model in stan_models/ fits with every method without an unhandled exception (short
+  runs: the property is about the plumbing — draws by Stan name, trace, statuses — not about
+  convergence, which test_trustvi/test_hfsgvi check on targets with known answers).
+* Draws carry Stan's names and shapes, transformed parameters and generated quantities included;
+  ``summary()`` agrees with numpy on the draws; init, budget and error handling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stanvi
+from conftest import MODELS, MODELS_DIR, data_dict, data_file, stan_file
+from gaussian_targets import GaussianProblem, closed_form_elbo
+from stanvi.methods import available
+from stanvi.stan.compiler import compile_model
+
+ALL_MODELS = sorted(p.relative_to(MODELS_DIR).as_posix() for p in MODELS_DIR.glob("*/*.stan"))
+KEY_OF = {v[0]: k for k, v in MODELS.items()}
+METHODS = ["trustvi", "hfsgvi", "advi"]
+# Short runs (see the module docstring); HFSGVI's 'default' profile uses smaller batches than
+# 'paper' (the logistic-regression model's nested-AD HVPs cost ~1 ms each); ADVI's eta trials
+# are shortened because eta = 100 sends the ODE model into stiff regions (tens of seconds).
+SHORT = {"trustvi": {"max_iters": 8},
+         "hfsgvi": {"profile": "default", "max_iters": 4},
+         "advi": {"max_iterations": 100, "adapt_iter": 10}}
+
+
+@pytest.fixture(scope="session")
+def any_model(load_target):
+    """``any_model(relative .stan path) -> StanTarget``: the conftest's compiled models, plus
+    the example models it does not list (compiled and loaded here, once)."""
+    extra: dict = {}
+
+    def get(rel: str):
+        if rel in KEY_OF:
+            return load_target(KEY_OF[rel])
+        if rel not in extra:
+            path = MODELS_DIR / rel
+            data = sorted(path.parent.glob("*.data.json"))
+            extra[rel] = stanvi.load(compile_model(path, progress=False),
+                                     data[0] if data else None, progress=False)
+        return extra[rel]
+
+    return get
+
+
+def test_the_model_list_is_complete():
+    assert len(ALL_MODELS) == 15
+    assert set(available()) >= set(METHODS)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("model", ALL_MODELS)
+def test_every_model_fits_with_every_method(any_model, model, method):
+    target = any_model(model)
+    opts = dict(SHORT[method])
+    profile = opts.pop("profile", None)
+    fit = stanvi.fit(target, method=method, profile=profile, seed=1, progress=False, draws=40,
+                     **opts)
+    assert fit.status in ("converged", "max_iters", "budget", "failed")
+    if method == "hfsgvi" and fit.status == "failed":
+        assert fit.message.startswith("overflow"), fit.message
+    assert fit.method == method and fit.message is not None
+    assert np.all(np.isfinite(fit.params))
+    assert fit.unconstrained_draws.shape == (40, target.dim)
+    assert fit.log_p.shape == fit.log_q.shape == (40,)
+    assert len(fit.trace) >= 1 and fit.trace.rows[0]["oracle_scaled"] == 0
+    assert fit.oracle["oracle_scaled"] >= 0
+    # constrained draws by Stan name, every variable of the model (tp and gq included)
+    expected = {v.name: v.shape for v in target.variables(include_tp=True, include_gq=True)}
+    assert {k: v.shape[1:] for k, v in fit.draws.items()} == {k: tuple(s) for k, s in expected.items()}
+    assert all(v.shape[0] == 40 for v in fit.draws.values())
+
+
+# ------------------------------------------------------------------------------ draws, names, shapes
+
+@pytest.fixture(scope="module")
+def tp_gq_fit(tp_gq):
+    return stanvi.fit(tp_gq, seed=2, progress=False, draws=300)
+
+
+def test_draws_include_transformed_parameters_and_generated_quantities(tp_gq_fit, tp_gq):
+    fit = tp_gq_fit
+    data = data_dict("tp_gq")
+    n = data["N"]
+    assert list(fit.draws) == ["alpha", "beta", "sigma", "mu", "y_rep", "log_lik"]
+    shapes = {k: v.shape for k, v in fit.draws.items()}
+    assert shapes == {"alpha": (300,), "beta": (300,), "sigma": (300,), "mu": (300, n),
+                      "y_rep": (300, n), "log_lik": (300, n)}
+    a, b, s = fit.draws["alpha"], fit.draws["beta"], fit.draws["sigma"]
+    x, y = np.asarray(data["x"]), np.asarray(data["y"])
+    # transformed parameter: mu = alpha + beta * x, draw by draw
+    np.testing.assert_allclose(fit.draws["mu"], a[:, None] + b[:, None] * x[None, :], rtol=1e-12,
+                               atol=1e-12)
+    # generated quantity: log_lik[n] = normal_lpdf(y[n] | mu[n], sigma)
+    mu = fit.draws["mu"]
+    ll = -0.5 * ((y - mu) / s[:, None]) ** 2 - np.log(s[:, None]) - 0.5 * math.log(2 * math.pi)
+    np.testing.assert_allclose(fit.draws["log_lik"], ll, rtol=1e-10, atol=1e-10)
+    # generated quantity with an RNG: y_rep ~ normal(mu, sigma); the standardized residuals are
+    # N(0, 1): their mean within 5 standard errors of 0 and not all equal
+    zres = (fit.draws["y_rep"] - mu) / s[:, None]
+    assert abs(zres.mean()) <= 5 / math.sqrt(zres.size)
+    assert abs(zres.var() - 1) <= 5 * math.sqrt(2 / zres.size)
+    # sigma is <lower=0>: the constrained draws are exp of the unconstrained coordinate
+    np.testing.assert_allclose(s, np.exp(fit.unconstrained_draws[:, 2]), rtol=1e-12)
+    assert tp_gq.variable_kinds()["y_rep"] == "generated_quantity"
+
+
+def test_stan_variable(tp_gq_fit):
+    np.testing.assert_array_equal(tp_gq_fit.stan_variable("mu"), tp_gq_fit.draws["mu"])
+    assert set(tp_gq_fit.stan_variables()) == set(tp_gq_fit.draws)
+    with pytest.raises(KeyError, match="no variable 'nope'.*alpha"):
+        tp_gq_fit.stan_variable("nope")
+
+
+def check_summary(fit):
+    table = fit.summary()
+    assert list(table.columns) == ["mean", "sd", "5%", "50%", "95%"]
+    n_scalars = sum(int(np.prod(v.shape[1:])) for v in fit.draws.values())
+    assert len(table) == n_scalars
+    for name, arr in fit.draws.items():
+        shape = arr.shape[1:]
+        for idx in np.ndindex(*shape) if shape else [()]:
+            label = name + (f"[{','.join(str(i + 1) for i in idx)}]" if shape else "")
+            col = arr[(slice(None),) + idx]
+            row = table.loc[label]
+            assert row["mean"] == pytest.approx(np.mean(col), rel=1e-12, abs=1e-12)
+            assert row["sd"] == pytest.approx(np.std(col, ddof=1), rel=1e-12, abs=1e-12)
+            for q in (5, 50, 95):
+                assert row[f"{q}%"] == pytest.approx(np.percentile(col, q), rel=1e-12, abs=1e-12)
+    return table
+
+
+def test_summary_matches_numpy(tp_gq_fit):
+    table = check_summary(tp_gq_fit)
+    assert "mu[50]" in table.index and "log_lik[1]" in table.index
+
+
+def test_summary_matrix_variable_names_are_column_major(constrained_params):
+    """Matrix elements are named like cmdstanpy, ``Omega[i,j]`` with 1-based indices."""
+    fit = stanvi.fit(constrained_params, seed=0, progress=False, draws=200, max_iters=10)
+    assert fit.draws["Omega"].shape == (200, 3, 3)
+    assert fit.draws["L_Omega"].shape == (200, 3, 3)
+    table = check_summary(fit)
+    labels = [i for i in table.index if i.startswith("Omega[")]
+    assert labels == [f"Omega[{i},{j}]" for j in (1, 2, 3) for i in (1, 2, 3)]
+    # Omega = L Lᵀ with unit diagonal; simplex sums to one
+    np.testing.assert_allclose(np.diagonal(fit.draws["Omega"], axis1=1, axis2=2), 1.0, atol=1e-12)
+    np.testing.assert_allclose(fit.draws["pi"].sum(axis=1), 1.0, atol=1e-12)
+    assert np.all(np.diff(fit.draws["c"], axis=1) > 0)
+
+
+def test_log_q_and_elbo_of_a_fit():
+    """Fit.log_q is the family's normalized log density at the unconstrained draws, and
+    Fit.elbo() matches the closed-form ELBO of a Gaussian target within 5 standard errors."""
+    problem = GaussianProblem(np.array([1.0, -2.0]), np.array([[1.0, 0.5], [0.5, 2.0]]), "2d")
+    fit = stanvi.fit(problem.log_density, dim=2, seed=0, progress=False, draws=200)
+    np.testing.assert_allclose(fit.log_q, np.asarray(fit.family.log_q(fit.params,
+                                                                      fit.unconstrained_draws)),
+                               rtol=1e-12)
+    np.testing.assert_allclose(fit.log_p, [float(problem.log_density(jnp.asarray(z)))
+                                           for z in fit.unconstrained_draws], rtol=1e-12)
+    elbo, se = fit.elbo(n_draws=20_000)
+    exact = float(closed_form_elbo(problem, fit.family, jnp.asarray(fit.params)))
+    assert se > 0 and abs(elbo - exact) <= 5 * se
+    assert list(fit.draws) == ["z.1", "z.2"]
+    np.testing.assert_array_equal(fit.draws["z.1"], fit.unconstrained_draws[:, 0])
+
+
+# ------------------------------------------------------------------------------ inputs
+
+ZERO_PARAMS = """
+data { int N; }
+generated quantities { real twice = 2 * N; }
+"""
+
+
+def test_zero_parameter_model_is_a_vi_error(tmp_path):
+    lib = compile_model(ZERO_PARAMS, name="no_parameters", progress=False)
+    with pytest.raises(stanvi.VIError, match="no parameters"):
+        stanvi.fit(lib, data={"N": 3}, progress=False)
+
+
+def test_fit_from_paths():
+    """A `.stan` path and a data path, as in the README."""
+    fit = stanvi.fit(str(stan_file("bernoulli")), data=str(data_file("bernoulli")), seed=0,
+                     progress=False, draws=100)
+    assert fit.draws["theta"].shape == (100,)
+    assert np.all((fit.draws["theta"] > 0) & (fit.draws["theta"] < 1))
+
+
+@pytest.mark.parametrize("method", ["trustvi", "hfsgvi", "advi"])
+def test_init_options(eight_schools, method):
+    d = eight_schools.dim
+    opts = dict(SHORT[method])
+    profile = opts.pop("profile", None)
+
+    def first_mu(init):
+        fit = stanvi.fit(eight_schools, method=method, profile=profile, init=init, seed=5,
+                         progress=False, draws=5, **opts)
+        return fit.trace.params_at(0)[:d]
+
+    np.testing.assert_array_equal(first_mu("zero"), np.zeros(d))
+    values = {"mu": 1.5, "tau": 2.0, "theta_tilde": list(np.linspace(-1, 1, 8))}
+    expected = np.concatenate([[1.5, math.log(2.0)], np.linspace(-1, 1, 8)])
+    np.testing.assert_allclose(first_mu(values), expected, rtol=1e-12, atol=1e-14)
+    arr = np.linspace(0.1, 1.0, d)
+    np.testing.assert_array_equal(first_mu(arr), arr)
+    np.testing.assert_allclose(first_mu("random"), eight_schools.initial_point(5), rtol=1e-14)
+    assert np.all(np.abs(first_mu("random")) <= 2.0)
+
+
+def test_bad_init_is_a_clear_error(eight_schools):
+    with pytest.raises(ValueError, match=r"shape \(10,\)"):
+        stanvi.fit(eight_schools, init=np.zeros(3), progress=False)
+    with pytest.raises(ValueError, match="init must be"):
+        stanvi.fit(eight_schools, init="middle", progress=False)
+    with pytest.raises(stanvi.StanDataError):
+        stanvi.fit(eight_schools, init={"mu": 0.0, "tau": -1.0, "theta_tilde": [0.0] * 8},
+                   progress=False)
+
+
+@pytest.mark.parametrize("method", ["trustvi", "hfsgvi", "advi"])
+def test_budget_stops_with_status_budget(eight_schools, method):
+    budget = 3.0
+    fit = stanvi.fit(eight_schools, method=method, seed=0, max_oracle_calls=budget,
+                     progress=False, draws=5)
+    assert fit.status == "budget", fit.message
+    spent = fit.trace.column("oracle_scaled")
+    assert spent[-1] >= budget and fit.oracle["oracle_scaled"] >= budget
+    # it stopped at the first iteration that reached the budget
+    assert np.all(spent[:-1] < budget)
+
+
+def test_unknown_names_are_clear_errors():
+    lp = GaussianProblem(np.zeros(2), np.eye(2), "std").log_density
+    with pytest.raises(ValueError, match="unknown method 'bfgs'.*advi.*hfsgvi.*trustvi"):
+        stanvi.fit(lp, dim=2, method="bfgs", progress=False)
+    with pytest.raises(ValueError, match="unknown profile 'fast' for trustvi.*default.*paper"):
+        stanvi.fit(lp, dim=2, profile="fast", progress=False)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['max_iter'\] for trustvi"):
+        stanvi.fit(lp, dim=2, max_iter=3, progress=False)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['max_iters'\] for advi"):
+        stanvi.fit(lp, dim=2, method="advi", max_iters=3, progress=False)
+    with pytest.raises(ValueError, match="unknown family 'gauss'"):
+        stanvi.fit(lp, dim=2, family="gauss", progress=False)
+    with pytest.raises(ValueError, match="needs dim"):
+        stanvi.fit(lp, progress=False)
+
+
+@pytest.mark.parametrize("method", ["trustvi", "hfsgvi", "advi"])
+def test_fullrank_family_through_fit(method):
+    problem = GaussianProblem(np.array([1.0, -1.0]), np.array([[1.0, 0.8], [0.8, 1.0]]), "rho=.8")
+    opts = dict(SHORT[method])
+    profile = opts.pop("profile", None)
+    fit = stanvi.fit(problem.log_density, dim=2, method=method, profile=profile,
+                     family="fullrank", seed=0, progress=False, draws=50, **opts)
+    assert fit.family_name == "fullrank" and fit.params.shape == (5,)
+    assert fit.covariance.shape == (2, 2)
+
+
+def test_progress_is_silent_when_not_a_terminal(capfd):
+    lp = GaussianProblem(np.zeros(2), np.eye(2), "std").log_density
+    stanvi.fit(lp, dim=2, progress=True, draws=5)
+    out, err = capfd.readouterr()
+    assert "\r" not in out + err and "trustvi: iter" not in err
+
+
+def test_repr_and_wall_time():
+    lp = GaussianProblem(np.zeros(2), np.eye(2), "std").log_density
+    fit = stanvi.fit(lp, dim=2, progress=False, draws=5)
+    assert fit.wall_time > 0 and fit.setup_time >= 0
+    assert repr(fit).startswith("Fit(method='trustvi', family='meanfield'")
+    times = fit.trace.column("wall_time")
+    assert np.all(np.diff(times) >= 0)
