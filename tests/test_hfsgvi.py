@@ -225,6 +225,27 @@ def test_gradient_failure_is_overflow():
     assert fit.status == "failed" and fit.message.startswith("overflow: the gradient failed")
 
 
+def test_overflow_never_raises_even_with_warnings_as_errors():
+    """The overflow on the way to a failure (‖r‖² overflowing inside CG, here on the 100
+    independent normals of stan_models/gaussian_diag with the default profile's 32-draw
+    Hessians, whose ω-block is indefinite far from the optimum) is reported as status
+    'failed', also when floating-point warnings are errors (``-W error``)."""
+    import json
+    import warnings
+
+    from conftest import data_file
+
+    data = json.loads(data_file("gaussian_diag").read_text())
+    problem = GaussianProblem(np.asarray(data["mu"]), np.diag(np.asarray(data["sigma"]) ** 2),
+                              "gaussian_diag")
+    est = ElboEstimator(MeanField(problem.dim), problem.log_density)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = run_direct(est, make_options(hfsgvi, "default", {"max_iters": 10}), seed=0)
+    assert res.status == "failed" and res.message.startswith("overflow"), res.message
+    assert np.all(np.isfinite(res.params))
+
+
 def test_heavy_tails_never_raise():
     """Whatever happens on a target with positive-curvature regions, fit() returns: failures are
     statuses with 'overflow' messages; iterates stay finite."""
@@ -252,3 +273,9 @@ def test_same_seed_same_result():
     np.testing.assert_array_equal(a.trace.column("elbo"), b.trace.column("elbo"))
     np.testing.assert_array_equal(a.draws["z.1"], b.draws["z.1"])
     assert not np.array_equal(a.params, c.params)
+
+
+@pytest.mark.parametrize("name, value", [("init", "zeros"), ("fullrank_diagonal", "exp")])
+def test_misspelt_option_values_are_clear_errors(name, value):
+    with pytest.raises(ValueError, match=rf"{name}='{value}' is not one of"):
+        make_options(hfsgvi, None, {name: value})

@@ -47,6 +47,14 @@ class Options:
     fullrank_diagonal: str = "log"    # full-rank parameterization (§1.2) [C]
     max_gradient_drops_factor: int = 10  # as Stan [S]
 
+    def __post_init__(self) -> None:
+        # A misspelt choice must not silently select another behaviour ('zeros' used to give
+        # the random initialization).
+        for name, choices in (("init", ("zero", "random")), ("fullrank_diagonal", ("log", "stan"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"hfsgvi option {name}={getattr(self, name)!r} is not one of "
+                                 f"{list(choices)}")
+
 
 PROFILES: dict[str, dict] = {
     "paper": {},

@@ -88,6 +88,18 @@ class Options:
     fullrank_diagonal: str = "log"    # full-rank family parameterization (§1.2) [C]
     max_gradient_drops_factor: int = 10  # a gradient fails after 10·n dropped draws (as Stan) [S]
 
+    def __post_init__(self) -> None:
+        # A misspelt choice must not silently select another behaviour (e.g. reuse_mode
+        # 'subpsace' used to run the 'sample' mode, init 'zeros' the random initialization).
+        for name, choices in (("solver", ("gltr", "steihaug", "dense")),
+                              ("reuse_mode", ("subspace", "sample", "none")),
+                              ("ineq13_gradient", ("plugin", "unbiased")),
+                              ("init", ("zero", "random")),
+                              ("fullrank_diagonal", ("log", "stan"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"trustvi option {name}={getattr(self, name)!r} is not one of "
+                                 f"{list(choices)}")
+
 
 PROFILES: dict[str, dict] = {
     "paper": {},

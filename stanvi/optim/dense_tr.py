@@ -191,6 +191,15 @@ class TRResult(NamedTuple):
     status: str
 
 
+def validated_problem(c, delta) -> tuple[np.ndarray, float, int, float]:
+    """(c as float array, δ, n, ‖c‖) for an operator trust-region solve; δ must be positive."""
+    c = np.asarray(c, dtype=float)
+    delta = float(delta)
+    if not delta > 0:
+        raise ValueError(f"delta must be positive, got {delta}")
+    return c, delta, c.shape[0], float(np.linalg.norm(c))
+
+
 def _zero_step_result(n: int, Q: np.ndarray | None = None,
                       T: np.ndarray | None = None) -> TRResult:
     """Result for ``c = 0``: ``s = 0``, ``q = 0``, no operator applications."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stanvi.optim.dense_tr import (TRResult, _non_finite_result, _zero_step_result,
-                                   solve_dense_tr)
+                                   solve_dense_tr, validated_problem)
 
 __all__ = ["solve_gltr", "solve_subspace_reuse"]
 
@@ -77,12 +77,7 @@ def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1
     iterates coincide with CG (hence with Steihaug's), and GLTR keeps improving after reaching
     the boundary, so its ``q`` is never worse than Steihaug's with the same interior tolerance.
     """
-    c = np.asarray(c, dtype=float)
-    delta = float(delta)
-    n = c.shape[0]
-    if not delta > 0:
-        raise ValueError(f"delta must be positive, got {delta}")
-    c_norm = float(np.linalg.norm(c))
+    c, delta, n, c_norm = validated_problem(c, delta)
     if c_norm == 0.0:
         return _zero_step_result(n)
     if max_krylov is None:

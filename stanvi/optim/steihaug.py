@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stanvi.optim.dense_tr import TRResult, _non_finite_result, _zero_step_result
+from stanvi.optim.dense_tr import (TRResult, _non_finite_result, _zero_step_result,
+                                   validated_problem)
 
 __all__ = ["boundary_tau", "solve_steihaug"]
 
@@ -49,12 +50,7 @@ def solve_steihaug(hvp: HVP, c: np.ndarray, delta: float, *, tol: float = 1e-2,
     ``τ pᵀr + ½ τ² κ`` with ``pᵀr`` computed explicitly. The first iteration is the Cauchy step
     and ``q`` decreases monotonically afterwards, so ``q(s) ≤ q(s_Cauchy) ≤ 0``.
     """
-    c = np.asarray(c, dtype=float)
-    delta = float(delta)
-    n = c.shape[0]
-    if not delta > 0:
-        raise ValueError(f"delta must be positive, got {delta}")
-    c_norm = float(np.linalg.norm(c))
+    c, delta, n, c_norm = validated_problem(c, delta)
     if c_norm == 0.0:
         return _zero_step_result(n)
     if max_iter is None:
