@@ -228,7 +228,8 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
         elbo, elbo_se = -math.inf, math.nan
     else:
         elbo = float(fin.mean())
-        elbo_se = float(fin.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverged fit: report inf, no warning
+            elbo_se = float(fin.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
     tau = khat_threshold(n)
     v = verdict(k, n)
     warns: list[str] = []

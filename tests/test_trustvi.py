@@ -26,7 +26,7 @@ import pytest
 import stanvi
 from gaussian_targets import gap, make_problem, noise_gap_bound
 from stanvi.estimators import ElboEstimator
-from stanvi.families import FullRank, MeanField, make_family
+from stanvi.families import FullRank, MeanField
 from stanvi.methods import make_options, trustvi
 from stanvi.methods.common import purpose_key
 from stanvi.methods.context import RunContext

@@ -86,16 +86,18 @@ def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> R
     idx = kept[_log_spaced(len(kept), trace_points)]
     elbos = np.array([_evaluate(est, tr.params_at(int(i)), eps_eval) for i in idx])
     col = lambda name: tr.column(name)[idx]  # noqa: E731
-    draws = col("gradient_draws") + col("hvp_draws") + col("log_density_draws")
+    draws = (col("gradient_draws") + col("hvp_draws") + col("log_density_draws")
+             + np.nan_to_num(col("screening_draws")))
     final = -math.inf if fit.status == "failed" else _evaluate(est, fit.params, eps_final)
     o = fit.oracle
     return RunSummary(config=config, seed=fit.seed, status=fit.status, final_elbo=final,
                       iterations=len(tr) - 1, oracle=o["oracle_scaled"],
-                      draw_evals=int(o["gradient_draws"] + o["hvp_draws"] + o["log_density_draws"]),
+                      draw_evals=int(o["gradient_draws"] + o["hvp_draws"] + o["log_density_draws"]
+                                     + o.get("screening_draws", 0)),
                       wall=fit.wall_time, trace_iter=idx, trace_oracle=col("oracle_scaled"),
                       trace_draws=draws, trace_wall=col("wall_time"), trace_elbo=elbos,
                       grad_draws=int(o["gradient_draws"]), hvp_draws=int(o["hvp_draws"]),
-                      ld_draws=int(o["log_density_draws"]))
+                      ld_draws=int(o["log_density_draws"] + o.get("screening_draws", 0)))
 
 
 def median_run(runs: list[RunSummary]) -> RunSummary:

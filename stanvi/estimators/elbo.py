@@ -141,6 +141,30 @@ def standard_normal(key: jax.Array, n: int, dim: int) -> np.ndarray:
     return np.asarray(jax.random.normal(key, (n, dim), dtype=jnp.float64))
 
 
+def valid_draws(est: ElboEstimator, params, key: jax.Array, n: int, max_drops: int) -> tuple[np.ndarray, int]:
+    """n base draws ε at which ℓ(λ; ε) is finite, replacing failed ones as
+    :func:`gradient_with_redraws` does (a Hessian sample must be usable at every draw, since one
+    failed draw makes every Hessian-vector product of the sample non-finite).  Returns the draws
+    and the number of log densities evaluated.  Raises GradientFailure at ``max_drops``."""
+    dim = est.family.dim
+    kept, have, dropped, evaluated, attempt = [], 0, 0, 0, 0
+    while have < n:
+        eps = standard_normal(jax.random.fold_in(key, attempt), n, dim)
+        attempt += 1
+        ok = np.isfinite(est.values(params, eps))
+        evaluated += n
+        good = np.flatnonzero(ok)
+        need = n - have
+        consumed = int(good[need - 1]) + 1 if len(good) >= need else n
+        dropped += consumed - min(len(good), need)
+        if dropped >= max_drops:
+            raise GradientFailure(f"{dropped} draws of a Hessian sample failed (the model threw or "
+                                  f"returned a non-finite value); limit {max_drops}")
+        kept.append(eps[good[:need]])
+        have += min(len(good), need)
+    return np.concatenate(kept), evaluated
+
+
 def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
                           max_drops: int) -> GradientEstimate:
     """A stochastic ELBO gradient from n valid draws.

@@ -36,6 +36,7 @@ class OracleLedger:
     gradient_draws: int = 0
     hvp_draws: int = 0
     log_density_draws: int = 0
+    screening_draws: int = 0
 
     def gradient(self, n_draws: int) -> None:
         self.scaled += n_draws / GRADIENT_BATCH
@@ -53,6 +54,11 @@ class OracleLedger:
             self.literal += 1
             self.log_density_draws += 2 * n_pairs
 
+    def screening(self, n_draws: int) -> None:
+        """Log densities evaluated only to screen out failing draws (not an oracle call in the
+        paper's accounting, which charges nothing for redrawn draws, §3; counted as draws)."""
+        self.screening_draws += n_draws
+
     def elbo_estimate(self, n_draws: int) -> None:
         """An ELBO estimate that is part of the algorithm (ADVI's checks): priced like an
         ELBO-change estimate of the same size (§3)."""
@@ -63,12 +69,14 @@ class OracleLedger:
     def snapshot(self) -> dict[str, float]:
         return {"oracle_scaled": self.scaled, "oracle_literal": self.literal,
                 "gradient_draws": self.gradient_draws, "hvp_draws": self.hvp_draws,
-                "log_density_draws": self.log_density_draws}
+                "log_density_draws": self.log_density_draws,
+                "screening_draws": self.screening_draws}
 
     @property
     def draw_evaluations(self) -> int:
         """Draw-level model evaluations of any kind (the laptop cost measure)."""
-        return self.gradient_draws + self.hvp_draws + self.log_density_draws
+        return (self.gradient_draws + self.hvp_draws + self.log_density_draws
+                + self.screening_draws)
 
 
 @dataclass

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
+from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, standard_normal,
+                                    valid_draws)
 from stanvi.methods.common import MethodResult, OracleLedger, Trace, purpose_key
 from stanvi.methods.context import RunContext
 from stanvi.optim.dense_tr import TRResult, solve_dense_tr
@@ -179,7 +180,19 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         # 3. Hessian operator and trust-region subproblem (minimize cᵀs + ½sᵀBs, c = −g, B = −H)
         fresh = not (reuse_next and hess_eps is not None)
         if fresh:
-            hess_eps = standard_normal(purpose_key(key, k, "hessian"), o.n_hess * r, dim)
+            hess_key = purpose_key(key, k, "hessian")
+            if ge.n_dropped:
+                # the model fails somewhere under q: screen the Hessian draws (§4.4 needs every
+                # draw of the sample usable), redrawing failed ones with Stan's drop limit
+                try:
+                    hess_eps, screened = valid_draws(est, params, hess_key, o.n_hess * r,
+                                                     o.max_gradient_drops_factor * o.n_hess * r)
+                except GradientFailure as exc:
+                    status, message = "failed", f"failed_hessian at iteration {k}: {exc}"
+                    break
+                ledger.screening(screened)
+            else:
+                hess_eps = standard_normal(hess_key, o.n_hess * r, dim)
             hess_reuses = 0
         else:
             hess_reuses += 1
@@ -247,7 +260,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         elbo_here = float(np.mean(ge.values))
         trace.record(k, params, ledger, delta=delta_k, step_norm=step_norm, m_prime=m_prime,
                      change=change, sigma_hat=sigma_hat, n_change=n_pairs, n_star=n_star, r=r_used,
-                     n_hvp=sol.n_hvp, hessian_fresh=fresh, accepted=accepted, failure=failure,
+                     n_hvp=sol.n_hvp, n_hess=n_h, hessian_fresh=fresh, accepted=accepted, failure=failure,
                      grad_norm=float(np.linalg.norm(g)), theta_hat=float(jk.theta_hat),
                      jackknife_sd=float(jk.sd), elbo=elbo_here, solver_status=sol.status)
         context.progress.update(k, elbo=elbo_here, oracle=ledger.scaled, delta=delta)
