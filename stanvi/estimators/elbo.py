@@ -141,58 +141,58 @@ def standard_normal(key: jax.Array, n: int, dim: int) -> np.ndarray:
     return np.asarray(jax.random.normal(key, (n, dim), dtype=jnp.float64))
 
 
-def valid_draws(est: ElboEstimator, params, key: jax.Array, n: int, max_drops: int) -> tuple[np.ndarray, int]:
-    """n base draws ε at which ℓ(λ; ε) is finite, replacing failed ones as
-    :func:`gradient_with_redraws` does (a Hessian sample must be usable at every draw, since one
-    failed draw makes every Hessian-vector product of the sample non-finite).  Returns the draws
-    and the number of log densities evaluated.  Raises GradientFailure at ``max_drops``."""
-    dim = est.family.dim
-    kept, have, dropped, evaluated, attempt = [], 0, 0, 0, 0
+def _collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_drops: int,
+                   what: str) -> tuple[list[np.ndarray], int, int]:
+    """Draw batches of n base draws until n valid ones are collected (Stan's drop-and-redraw,
+    §2.3).  ``evaluate(eps)`` returns (ok mask, *per-draw arrays); returns, for each array of
+    evaluate plus eps itself, the valid rows concatenated, then the drop count and the number of
+    draws evaluated.  Batches keep the static size n, so nothing recompiles.  Raises
+    GradientFailure when ``max_drops`` draws have failed."""
+    kept: list[list[np.ndarray]] = []
+    have = dropped = attempt = 0
     while have < n:
         eps = standard_normal(jax.random.fold_in(key, attempt), n, dim)
         attempt += 1
-        ok = np.isfinite(est.values(params, eps))
-        evaluated += n
-        good = np.flatnonzero(ok)
-        need = n - have
-        consumed = int(good[need - 1]) + 1 if len(good) >= need else n
-        dropped += consumed - min(len(good), need)
-        if dropped >= max_drops:
-            raise GradientFailure(f"{dropped} draws of a Hessian sample failed (the model threw or "
-                                  f"returned a non-finite value); limit {max_drops}")
-        kept.append(eps[good[:need]])
-        have += min(len(good), need)
-    return np.concatenate(kept), evaluated
-
-
-def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
-                          max_drops: int) -> GradientEstimate:
-    """A stochastic ELBO gradient from n valid draws.
-
-    A draw whose value or gradient is non-finite is dropped and replaced by a fresh one (batches
-    of the same static size n, so nothing recompiles), as Stan's ``calc_grad`` does (§2.3); when
-    ``max_drops`` draws have failed, raises :class:`GradientFailure` with the count.
-    """
-    dim = est.family.dim
-    kept_g, kept_v = [], []
-    have, dropped, attempt = 0, 0, 0
-    while have < n:
-        eps = standard_normal(jax.random.fold_in(key, attempt), n, dim)
-        attempt += 1
-        vals, grads = est.values_and_grads(params, eps)
-        ok = np.isfinite(vals) & np.isfinite(grads).all(axis=1)
+        ok, *arrays = evaluate(eps)
         need = n - have
         good = np.flatnonzero(ok)
         # draws are consumed in order: failures after the last needed valid draw are not drops
         consumed = int(good[need - 1]) + 1 if len(good) >= need else n
         dropped += consumed - min(len(good), need)
         if dropped >= max_drops:
-            raise GradientFailure(f"{dropped} draws of the stochastic gradient failed (the model "
-                                  f"threw or returned a non-finite value); limit {max_drops}")
-        take = np.flatnonzero(ok)[: n - have]
-        kept_g.append(grads[take])
-        kept_v.append(vals[take])
+            raise GradientFailure(f"{dropped} draws of {what} failed (the model threw or returned "
+                                  f"a non-finite value); limit {max_drops}")
+        take = good[:need]
+        kept.append([eps[take], *(a[take] for a in arrays)])
         have += len(take)
-    per_draw = np.concatenate(kept_g)
-    return GradientEstimate(per_draw.mean(axis=0), per_draw, np.concatenate(kept_v), dropped)
+    columns = [np.concatenate(col) for col in zip(*kept)]
+    return columns, dropped, attempt * n
 
+
+def valid_draws(est: ElboEstimator, params, key: jax.Array, n: int,
+                max_drops: int) -> tuple[np.ndarray, int]:
+    """n base draws ε at which ℓ(λ; ε) is finite, replacing failed ones as
+    :func:`gradient_with_redraws` does (a Hessian sample must be usable at every draw, since one
+    failed draw makes every Hessian-vector product of the sample non-finite).  Returns the draws
+    and the number of log densities evaluated.  Raises GradientFailure at ``max_drops``."""
+    (eps,), _, evaluated = _collect_valid(
+        lambda e: (np.isfinite(est.values(params, e)),), key, n, est.family.dim, max_drops,
+        "a Hessian sample")
+    return eps, evaluated
+
+
+def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
+                          max_drops: int) -> GradientEstimate:
+    """A stochastic ELBO gradient from n valid draws.
+
+    A draw whose value or gradient is non-finite is dropped and replaced by a fresh one, as
+    Stan's ``calc_grad`` does (§2.3); when ``max_drops`` draws have failed, raises
+    :class:`GradientFailure` with the count.
+    """
+    def evaluate(eps):
+        vals, grads = est.values_and_grads(params, eps)
+        return np.isfinite(vals) & np.isfinite(grads).all(axis=1), grads, vals
+
+    (_, per_draw, values), dropped, _ = _collect_valid(evaluate, key, n, est.family.dim,
+                                                       max_drops, "the stochastic gradient")
+    return GradientEstimate(per_draw.mean(axis=0), per_draw, values, dropped)
