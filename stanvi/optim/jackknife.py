@@ -47,7 +47,6 @@ def jackknife_snr(G: np.ndarray) -> JackknifeResult:
     Gc = G - mean
     sq_c = np.einsum("ij,ij->i", Gc, Gc)  # ‖G_i − Ḡ‖²
     theta_hat = float(mean @ mean - sq_c.sum() / (n * (n - 1)))
-    S = n * mean
     # ‖G_i‖² − mean‖G‖² = ‖G_i−Ḡ‖² + 2(G_i−Ḡ)ᵀḠ − mean‖G_j−Ḡ‖²   (centred, no cancellation)
     gc_mean = Gc @ mean
     sq_dev = sq_c + 2.0 * gc_mean - sq_c.mean()
