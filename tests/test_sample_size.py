@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from stanvi.optim.sample_size import (N_INFINITE, ineq11_sup, ineq11_sup_closed_form, n_ineq11,
-                                      n_ineq11_closed_form, n_ineq13, retrospective_update,
+                                      n_ineq11_closed_form, n_ineq13, reference_code_update,
+                                      retrospective_update,
                                       tau_constants)
 
 TAU1, TAU2 = tau_constants()
@@ -162,6 +163,21 @@ def test_ineq13_closed_form():
 ])
 def test_retrospective_update(N_k, N_star, n_g, N_max, expected):
     assert retrospective_update(N_k, N_star, n_g, N_max) == expected
+
+
+@pytest.mark.parametrize("N_k, N_star, N_min, N_max, expected", [
+    (128, 200, 128, 4096, 256),     # N* > N_k → double
+    (4096, 10**6, 128, 4096, 4096),  # capped at N_max
+    (512, 255, 128, 4096, 256),     # N* < N_k/2 → halve (no condition on the gradient batch)
+    (512, 256, 128, 4096, 512),     # N* = N_k/2: keep
+    (256, 10, 128, 4096, 128),      # halve
+    (128, 10, 128, 4096, 128),      # floor N_min
+    (0, 1000, 128, 4096, 0),        # nothing assessed: unchanged
+    (512, None, 128, 4096, 512),    # aborted assessment: unchanged
+])
+def test_reference_code_update(N_k, N_star, N_min, N_max, expected):
+    """[R]'s rule (§4.6 last bullet): halves whenever N* < N_k/2 down to 128, doubles to N_max."""
+    assert reference_code_update(N_k, N_star, N_min, N_max) == expected
 
 
 def test_retrospective_update_stays_within_bounds():

@@ -245,6 +245,57 @@ def test_acceptance_rule_table(case):
         assert row["failure"] != "" and np.isnan(row["change"])
 
 
+# ------------------------------------------------------------------------------ reference_code profile (§4.9)
+
+def test_reference_code_warmup_ratio_acceptance_and_radius_rule():
+    """[R]'s rules on the scripted problem (m' = ½ at δ ≥ 1, ‖s‖ = 1): iteration 1 (δ = 1)
+    is good and ‖s‖ > 0.7δ, so δ doubles but nothing is accepted (warm-up); iteration 2
+    (δ = 2) is good but ‖s‖ ≤ 0.7δ, so δ halves: the radius has grown and shrunk and the
+    warm-up ends; iteration 3 (δ = 1) is accepted and δ doubles."""
+    est = ScriptedEstimator([1.0, 0.0, 0.0, 0.0], -np.eye(4), [0.2])
+    o = make_options(trustvi, "reference_code", {"delta0": 1.0, "max_iters": 3, "n_grad": 4,
+                                                 "n_hess": 2, "n_change0": 4})
+    res = run_direct(est, o)
+    rs = res.trace.rows[1:]
+    assert [r["delta"] for r in rs] == [1.0, 2.0, 1.0]
+    assert [bool(r["accepted"]) for r in rs] == [False, False, True]
+    assert [bool(r["warmup"]) for r in rs] == [True, True, False]
+    assert res.info["final_delta"] == 2.0
+    # the Hessian sample is reused through the warm-up (beyond hessian_max_reuse if needed)
+    assert [bool(r["hessian_fresh"]) for r in rs] == [True, False, False]
+    np.testing.assert_allclose(res.params - res.trace.params_at(0), [1.0, 0, 0, 0], atol=1e-12)
+
+
+@pytest.mark.parametrize("diffs, accepted", [([0.124], False), ([0.125], True)])
+def test_reference_code_has_no_lambda_test(diffs, accepted):
+    """At δ = 20 the paper's λ-test rejects unassessed (ηm' = 0.125 < λδ² = 0.4); [R] assesses
+    and accepts iff ρ = ℓ'/m' ≥ η (warm-up off to isolate the rule)."""
+    est = ScriptedEstimator([1.0, 0.0, 0.0, 0.0], -np.eye(4), diffs)
+    o = make_options(trustvi, "reference_code", {"delta0": 20.0, "max_iters": 1, "n_grad": 4,
+                                                 "n_hess": 2, "n_change0": 4, "warmup": False,
+                                                 "lam": 1e-3})
+    res = run_direct(est, o)
+    assert est.pair_calls == 1 and res.info["rejected_lambda"] == 0
+    assert bool(res.trace.rows[1]["accepted"]) == accepted
+    # ‖s‖ = 1 ≤ 0.7δ: [R] halves the radius even when it accepts
+    assert res.info["final_delta"] == 10.0
+
+
+def test_reference_code_converges_on_gaussian():
+    problem = PROBLEMS[(10, True)]
+    fit = tv_fit(problem, "reference_code")
+    assert fit.status == "converged", fit.message
+    o = opts_of(fit)
+    assert (o.acceptance, o.radius_rule, o.warmup, o.ineq11_factor_two, o.n_change_policy) == \
+        ("ratio", "reference", True, False, "reference")
+    rs = rows(fit)
+    for k in range(1, len(rs)):
+        row = rs[k]
+        if row["accepted"]:
+            assert not row["warmup"] and row["change"] >= o.eta * row["m_prime"]
+    problem.assert_mf_optimum(fit.family, fit.params, 0.05 * math.sqrt(problem.dim))
+
+
 def test_nonfinite_hvp_rejects_without_assessment_and_redraws_hessian():
     """Spec §4.7/test 9: a NaN Hessian-vector product rejects the step (δ ← δ/γ), nothing is
     assessed, and the next iteration draws a fresh Hessian (a bad sample is never reused)."""

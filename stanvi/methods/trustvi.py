@@ -50,7 +50,8 @@ from stanvi.methods.context import RunContext
 from stanvi.optim.dense_tr import TRResult, solve_dense_tr
 from stanvi.optim.gltr import solve_gltr, solve_subspace_reuse
 from stanvi.optim.jackknife import jackknife_snr, update_replication
-from stanvi.optim.sample_size import n_ineq11, n_ineq13, retrospective_update, tau_constants
+from stanvi.optim.sample_size import (n_ineq11, n_ineq13, reference_code_update,
+                                      retrospective_update, tau_constants)
 from stanvi.optim.steihaug import solve_steihaug
 
 
@@ -88,6 +89,12 @@ class Options:
     log_scale0: float = -1.0          # initial ω (σ = e^{-1}) [R]
     fullrank_diagonal: str = "log"    # full-rank family parameterization (§1.2) [C]
     max_gradient_drops_factor: int = 10  # a gradient fails after 10·n dropped draws (as Stan) [S]
+    # the reference_code profile's deviations (§4.9); the defaults are the paper's rules
+    acceptance: str = "paper"         # 'paper': ℓ' ≥ ηm' ≥ λδ² | 'ratio': ℓ'/m' ≥ η, no λ-test [R]
+    radius_rule: str = "paper"        # 'paper': γ on acceptance, 1/γ otherwise | 'reference' [R]
+    warmup: bool = False              # accept nothing until δ has grown and shrunk once [R]
+    ineq11_factor_two: bool = True    # [R] omits the factor 2 of Inequality 11
+    n_change_policy: str = "retrospective"  # 'retrospective' (§4.6) | 'reference' [R]
 
     def __post_init__(self) -> None:
         # A misspelt choice must not silently select another behaviour (e.g. reuse_mode
@@ -96,7 +103,10 @@ class Options:
                               ("reuse_mode", ("subspace", "sample", "none")),
                               ("ineq13_gradient", ("plugin", "unbiased")),
                               ("init", ("zero", "random")),
-                              ("fullrank_diagonal", ("log", "stan"))):
+                              ("fullrank_diagonal", ("log", "stan")),
+                              ("acceptance", ("paper", "ratio")),
+                              ("radius_rule", ("paper", "reference")),
+                              ("n_change_policy", ("retrospective", "reference"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"trustvi option {name}={getattr(self, name)!r} is not one of "
                                  f"{list(choices)}")
@@ -107,6 +117,10 @@ PROFILES: dict[str, dict] = {
     "default": {"n_grad": 16, "n_hess": 8, "n_change0": 16, "r_max": 64, "n_change_max": 1024,
                 "delta0": 1.0, "tol_model_iters": 3, "tol_interior": 0.1, "tol_boundary": 0.3,
                 "max_iters": 1000, "tol_model": 0.25},
+    # faithful to the authors' code [R] (spec §4.9), for ablations
+    "reference_code": {"acceptance": "ratio", "radius_rule": "reference", "warmup": True,
+                       "ineq11_factor_two": False, "lam": 2.0, "nu1": 1.0, "zeta1": 2.0 / 3.0,
+                       "n_change_policy": "reference"},
 }
 DEFAULT_PROFILE = "default"
 
@@ -160,6 +174,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     stall_count = 0
     small_model_count = 0
     status, message = "max_iters", f"reached max_iters={o.max_iters}"
+    in_warmup = o.warmup     # [R]'s warm-up: no acceptance until δ has grown and shrunk
+    radius_grew = radius_shrank = False
     counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0, "rejected_failure": 0}
 
     for k in range(1, o.max_iters + 1):
@@ -214,7 +230,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         step_norm = float(np.linalg.norm(s))
 
         # 4-5. λ-test, ELBO-change estimate, acceptance -------------------------------------
-        accepted = False
+        warming_up = in_warmup
+        accepted = grew = False
         failure = ""
         n_pairs = 0
         change = sigma_hat = n_star = np.nan
@@ -222,7 +239,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         if sol.status == "non_finite" or not np.isfinite(m_prime) or not np.all(np.isfinite(s)):
             failure = "non-finite Hessian-vector product or step"
             counts["rejected_failure"] += 1
-        elif o.eta * m_prime < o.lam * delta * delta:
+        elif o.acceptance == "paper" and o.eta * m_prime < o.lam * delta * delta:
             counts["rejected_lambda"] += 1
         else:
             n_pairs = n_change
@@ -236,25 +253,39 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                 change = float(diffs.mean())
                 sigma2 = float(diffs.var(ddof=1))
                 sigma_hat = float(np.sqrt(sigma2))
-                accepted = change >= o.eta * m_prime
+                # 'paper' (Eq. 10 with the λ-test above): ℓ' ≥ ηm'; 'ratio' [R]: ρ = ℓ'/m' ≥ η
+                good = m_prime > 0 and change >= o.eta * m_prime
+                grew = good and step_norm > 0.7 * delta  # [R]'s radius-growth condition
+                accepted = good and not in_warmup
                 counts["accepted" if accepted else "rejected_change"] += 1
                 grad_sq = float(g @ g) if o.ineq13_gradient == "plugin" else float(jk.theta_hat)
-                n11 = n_ineq11(sigma2, m_prime, delta_k, eta=o.eta, tau1=tau1, tau2=tau2)
+                n11 = n_ineq11(sigma2, m_prime, delta_k, eta=o.eta, tau1=tau1, tau2=tau2,
+                               factor_two=o.ineq11_factor_two)
                 n13 = n_ineq13(sigma2, grad_sq, delta_k, zeta1=o.zeta1, nu1=o.nu1)
                 n_star = float(max(n11, n13))
-                n_change = retrospective_update(n_pairs, int(min(n_star, 2**62)), n_g,
-                                                o.n_change_max)
+                if o.n_change_policy == "reference":
+                    n_change = reference_code_update(n_pairs, int(min(n_star, 2**62)),
+                                                     o.n_change0, o.n_change_max)
+                else:
+                    n_change = retrospective_update(n_pairs, int(min(n_star, 2**62)), n_g,
+                                                    o.n_change_max)
                 stall_count = stall_count + 1 if n_star > o.n_change_max else 0
 
         # 6. radius, Hessian reuse ----------------------------------------------------------
         if accepted:
             params = params + s
-            delta = min(o.gamma * delta, o.delta_max)
-            reuse_next = False
+        if o.radius_rule == "reference":
+            # [R]: the radius moves independently of acceptance (§4.9 item 3)
+            delta = min(o.gamma * delta, o.delta_max) if grew else delta / o.gamma
         else:
-            delta = delta / o.gamma
-            reuse_next = (not failure and o.reuse_mode != "none"
-                          and hess_reuses < o.hessian_max_reuse)
+            delta = min(o.gamma * delta, o.delta_max) if accepted else delta / o.gamma
+        if in_warmup:
+            radius_grew = radius_grew or delta > delta_k
+            radius_shrank = radius_shrank or delta < delta_k
+            in_warmup = not (radius_grew and radius_shrank)
+        # Hessian reuse after a rejection; unlimited during [R]'s warm-up (§4.9 item 5)
+        reuse_next = (not accepted and not failure and o.reuse_mode != "none"
+                      and (hess_reuses < o.hessian_max_reuse or warming_up))
         last_solution = sol if sol.status != "non_finite" else None
 
         elbo_here = float(np.mean(ge.values))
@@ -262,7 +293,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                      change=change, sigma_hat=sigma_hat, n_change=n_pairs, n_star=n_star, r=r_used,
                      n_hvp=sol.n_hvp, n_hess=n_h, hessian_fresh=fresh, accepted=accepted, failure=failure,
                      grad_norm=float(np.linalg.norm(g)), theta_hat=float(jk.theta_hat),
-                     jackknife_sd=float(jk.sd), elbo=elbo_here, solver_status=sol.status)
+                     jackknife_sd=float(jk.sd), elbo=elbo_here, solver_status=sol.status,
+                     warmup=warming_up)
         context.progress.update(k, elbo=elbo_here, oracle=ledger.scaled, delta=delta)
 
         # converged-in-model: the predicted gain is below tol_model and either the solve was

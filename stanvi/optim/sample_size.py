@@ -27,7 +27,8 @@ import numpy as np
 from scipy.special import lambertw
 
 __all__ = ["Ineq11Result", "ineq11_sup", "ineq11_sup_closed_form", "n_ineq11",
-           "n_ineq11_closed_form", "n_ineq13", "retrospective_update", "tau_constants"]
+           "n_ineq11_closed_form", "n_ineq13", "reference_code_update", "retrospective_update",
+           "tau_constants"]
 
 #: Returned when a sample size is unbounded / not computable ("more than any N_max").
 N_INFINITE = sys.maxsize
@@ -226,4 +227,19 @@ def retrospective_update(N_k: int, N_star: int | None, n_g: int, N_max: int) -> 
         return min(2 * N_k, int(N_max))
     if N_k > n_g and N_k > 2 * N_star:
         return max(N_k // 2, 1)
+    return N_k
+
+
+def reference_code_update(N_k: int, N_star: int | None, N_min: int, N_max: int) -> int:
+    """The authors' code's ELBO-change sample-size update (§4.6 last bullet, §4.9 item 4; the
+    ``reference_code`` profile): double while below ``N_max`` if ``N* > N_k``; halve, with floor
+    ``N_min`` (128 in [R]), whenever ``N* < N_k/2``; otherwise keep.  ``N_k ≤ 0`` or
+    ``N_star is None`` keep ``N_k``, as in :func:`retrospective_update`."""
+    N_k = int(N_k)
+    if N_k <= 0 or N_star is None:
+        return N_k
+    if N_star > N_k:
+        return min(2 * N_k, int(N_max))
+    if 2 * N_star < N_k:
+        return max(N_k // 2, int(N_min))
     return N_k
