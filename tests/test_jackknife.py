@@ -35,6 +35,9 @@ def test_matches_brute_force_leave_one_out(n, p, signal):
     # the spec's formulae with S and Q (§4.3), written out literally
     S, Q = G.sum(0), np.sum(G * G)
     assert res.theta_hat == pytest.approx((S @ S - Q) / (n * (n - 1)), rel=1e-10, abs=1e-13)
+    # the noise part of ‖ḡ‖²: tr(Σ̂)/n with the unbiased sample covariance
+    assert res.noise == pytest.approx(np.trace(np.atleast_2d(np.cov(G.T))) / n, rel=1e-10)
+    assert res.noise + res.theta_hat == pytest.approx(G.mean(0) @ G.mean(0), rel=1e-10, abs=1e-13)
 
 
 def test_large_offset_is_numerically_stable():
@@ -91,6 +94,23 @@ def test_update_replication_rules():
     assert update_replication(8, theta_hat=1.0, sd=1.0) == 8      # θ̂ − sd = 0: keep
     assert update_replication(4, theta_hat=0.1, sd=0.5, r_max=4) == 4
     assert update_replication(4, theta_hat=np.nan, sd=0.5) == 4
+
+
+def test_update_replication_norm_test():
+    """Byrd et al.'s norm test on top of the jackknife rule: double while the MC noise exceeds
+    ν²θ̂ even when the jackknife is satisfied; halve only if half the draws would still pass."""
+    # jackknife alone would halve (θ̂ − 3sd > 0) ...
+    assert update_replication(8, theta_hat=1.0, sd=0.2) == 4
+    # ... but the noise (1.5) exceeds θ̂: double instead
+    assert update_replication(8, theta_hat=1.0, sd=0.2, noise=1.5, norm_test=1.0) == 16
+    assert update_replication(8, theta_hat=1.0, sd=0.2, noise=1.5, norm_test=1.3) == 8  # 1.69 ≥ 1.5
+    # passes, but halving would double the noise past θ̂: keep
+    assert update_replication(8, theta_hat=1.0, sd=0.2, noise=0.6, norm_test=1.0) == 8
+    assert update_replication(8, theta_hat=1.0, sd=0.2, noise=0.5, norm_test=1.0) == 4
+    assert update_replication(64, theta_hat=1.0, sd=0.2, noise=5.0, norm_test=1.0, r_max=64) == 64
+    # without the option, or with a non-finite noise, the jackknife rule alone
+    assert update_replication(8, theta_hat=1.0, sd=0.2, noise=1.5) == 4
+    assert update_replication(8, theta_hat=1.0, sd=0.2, noise=np.nan, norm_test=1.0) == 4
 
 
 def test_update_replication_from_data_stays_in_range():

@@ -245,6 +245,42 @@ def test_acceptance_rule_table(case):
         assert row["failure"] != "" and np.isnan(row["change"])
 
 
+def test_fullrank_d20_default_profile_does_not_stop_early():
+    """Regression: full-rank on a correlated D = 20 Gaussian (230 variational parameters) used to
+    'converge' 2–10 nats short, because rejected steps at a collapsed radius looked like a
+    converged model and the gradient direction was mostly noise.  The Newton-gain stopping rule
+    and the norm test (default profile) must bring it within the test-16 tolerance."""
+    problem = make_problem(20, True)
+    fit = tv_fit(problem, "default", seed=2, family="fullrank")
+    assert fit.status == "converged", fit.message
+    assert 0 <= problem.kl(fit.mean, fit.covariance) <= gap_tolerance(problem, fit)
+
+
+def test_newton_gain_of_solutions():
+    """The stopping rule's gain: m' for an interior solve; ½ bᵀT⁻¹b (b = Qᵀc) from the Krylov
+    basis for a boundary solve, equal to the exact ½cᵀB⁻¹c once the space is the whole space;
+    inf when the model is not concave on the subspace."""
+    from stanvi.methods.trustvi import _newton_gain
+    from stanvi.optim.gltr import solve_gltr
+    rng = np.random.default_rng(4)
+    A = rng.normal(size=(6, 6))
+    B = A @ A.T + 6 * np.eye(6)
+    c = rng.normal(size=6)
+    exact = 0.5 * c @ np.linalg.solve(B, c)
+    interior = solve_gltr(lambda v: B @ v, c, 1e3, tol_interior=1e-12)
+    assert not interior.on_boundary
+    assert _newton_gain(interior, c, -interior.q_value) == -interior.q_value
+    assert -interior.q_value == pytest.approx(exact, rel=1e-8)
+    boundary = solve_gltr(lambda v: B @ v, c, 1e-3, tol_boundary=1e-14)
+    assert boundary.on_boundary and -boundary.q_value < 1e-2 * exact
+    if boundary.Q.shape[1] == 6:
+        assert _newton_gain(boundary, c, -boundary.q_value) == pytest.approx(exact, rel=1e-8)
+    assert _newton_gain(boundary, c, -boundary.q_value) <= exact * (1 + 1e-10)
+    assert _newton_gain(boundary, c, -boundary.q_value) > 100 * -boundary.q_value
+    indefinite = solve_gltr(lambda v: -B @ v, c, 1.0)
+    assert indefinite.on_boundary and _newton_gain(indefinite, c, -indefinite.q_value) == np.inf
+
+
 # ------------------------------------------------------------------------------ reference_code profile (§4.9)
 
 def test_reference_code_warmup_ratio_acceptance_and_radius_rule():

@@ -85,6 +85,7 @@ class Options:
     tol_model_iters: int = 3          # ... on this many consecutive interior solves [C]
     stall_stop: bool = False          # stop on the stall signal [C]
     stall_iters: int = 5              # K_stall [C]
+    norm_test: float | None = None    # also grow r when MC noise > ν²‖∇L‖² (Byrd et al. 2012) [C]
     init: str = "zero"                # initial mean when none is given: 'zero' [R] | 'random'
     log_scale0: float = -1.0          # initial ω (σ = e^{-1}) [R]
     fullrank_diagonal: str = "log"    # full-rank family parameterization (§1.2) [C]
@@ -116,7 +117,7 @@ PROFILES: dict[str, dict] = {
     "paper": {},
     "default": {"n_grad": 16, "n_hess": 8, "n_change0": 16, "r_max": 64, "n_change_max": 1024,
                 "delta0": 1.0, "tol_model_iters": 3, "tol_interior": 0.1, "tol_boundary": 0.3,
-                "max_iters": 1000, "tol_model": 0.25},
+                "max_iters": 1000, "tol_model": 0.25, "norm_test": 1.0},
     # faithful to the authors' code [R] (spec §4.9), for ablations
     "reference_code": {"acceptance": "ratio", "radius_rule": "reference", "warmup": True,
                        "ineq11_factor_two": False, "lam": 2.0, "nu1": 1.0, "zeta1": 2.0 / 3.0,
@@ -148,6 +149,26 @@ def _solve_dense(hvp, c: np.ndarray, delta: float):
     r = solve_dense_tr(B, c, delta)
     return TRResult(r.h, float(r.q_value), p, not r.interior, r.hard_case, None, None,
                     "boundary" if not r.interior else "converged")
+
+
+def _newton_gain(sol: TRResult, c: np.ndarray, m_prime: float) -> float:
+    """The gain ``½ bᵀT⁻¹b`` (``b = Qᵀc``) the quadratic model predicts for its unconstrained
+    minimizer over the solver's Krylov subspace: ``m'`` itself for an interior solution, ``inf``
+    when the model is not concave there or no basis is available (Steihaug, dense)."""
+    if sol.status == "non_finite" or not np.isfinite(m_prime):
+        return float("inf")
+    if not sol.on_boundary:
+        return m_prime
+    if sol.Q is None or sol.T is None or sol.T.size == 0:
+        return float("inf")
+    b = sol.Q.T @ c
+    try:
+        chol = np.linalg.cholesky(0.5 * (sol.T + sol.T.T))
+    except np.linalg.LinAlgError:
+        return float("inf")
+    y = np.linalg.solve(chol, b)
+    gain = 0.5 * float(y @ y)
+    return gain if np.isfinite(gain) else float("inf")
 
 
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
@@ -191,7 +212,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         g = ge.gradient
         jk = jackknife_snr(ge.per_draw)
         r_used = r
-        r = update_replication(r, jk.theta_hat, jk.sd, r_max=o.r_max)
+        r = update_replication(r, jk.theta_hat, jk.sd, r_max=o.r_max, noise=jk.noise,
+                               norm_test=o.norm_test)
 
         # 3. Hessian operator and trust-region subproblem (minimize cᵀs + ½sᵀBs, c = −g, B = −H)
         fresh = not (reuse_next and hess_eps is not None)
@@ -228,6 +250,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         m_prime = -float(sol.q_value)
         s = np.asarray(sol.s, dtype=float)
         step_norm = float(np.linalg.norm(s))
+        newton_gain = _newton_gain(sol, c, m_prime)
 
         # 4-5. λ-test, ELBO-change estimate, acceptance -------------------------------------
         warming_up = in_warmup
@@ -294,20 +317,19 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                      n_hvp=sol.n_hvp, n_hess=n_h, hessian_fresh=fresh, accepted=accepted, failure=failure,
                      grad_norm=float(np.linalg.norm(g)), theta_hat=float(jk.theta_hat),
                      jackknife_sd=float(jk.sd), elbo=elbo_here, solver_status=sol.status,
-                     warmup=warming_up)
+                     warmup=warming_up, newton_gain=newton_gain)
         context.progress.update(k, elbo=elbo_here, oracle=ledger.scaled, delta=delta)
 
-        # converged-in-model: the predicted gain is below tol_model and either the solve was
-        # interior (a full Newton step gains that little) or the step was rejected (not even
-        # that much is realizable within the radius).
-        interior = sol.status != "non_finite" and not sol.on_boundary
+        # converged-in-model: the quadratic model's Newton step (not the radius-limited step)
+        # predicts less than tol_model nats; for a boundary solution that gain is taken in the
+        # Krylov subspace already built (a lower bound that never rests on the radius, so a
+        # radius collapsing after rejections cannot fake convergence).
         small_model_count = small_model_count + 1 if (
-            o.tol_model is not None and np.isfinite(m_prime) and m_prime < o.tol_model
-            and (interior or not accepted)) else 0
+            o.tol_model is not None and newton_gain < o.tol_model) else 0
         if o.tol_model is not None and small_model_count >= o.tol_model_iters:
             status, message = ("converged", f"the quadratic model predicted less than "
-                               f"{o.tol_model} nats of ELBO gain (at an interior Newton step or "
-                               f"a rejected step) on {o.tol_model_iters} consecutive iterations")
+                               f"{o.tol_model} nats of ELBO gain for its Newton step on "
+                               f"{o.tol_model_iters} consecutive iterations")
             break
         if delta < o.delta_min:
             status, message = "converged", f"trust-region radius below delta_min={o.delta_min}"

@@ -27,6 +27,7 @@ class JackknifeResult(NamedTuple):
 
     theta_hat: float
     sd: float
+    noise: float = float("nan")  # tr(Σ̂)/n = ‖Ḡ‖² − θ̂: the Monte Carlo part of ‖ḡ‖²
 
 
 def jackknife_snr(G: np.ndarray) -> JackknifeResult:
@@ -52,19 +53,31 @@ def jackknife_snr(G: np.ndarray) -> JackknifeResult:
     sq_dev = sq_c + 2.0 * gc_mean - sq_c.mean()
     dev = (2.0 / ((n - 1) * (n - 2))) * (sq_dev - n * gc_mean)  # (G_i−Ḡ)ᵀS = n (G_i−Ḡ)ᵀḠ
     v_jk = (n - 1) / n * float(dev @ dev)
-    return JackknifeResult(theta_hat, float(np.sqrt(v_jk)))
+    return JackknifeResult(theta_hat, float(np.sqrt(v_jk)), float(sq_c.sum() / (n * (n - 1))))
 
 
-def update_replication(r: int, theta_hat: float, sd: float, r_max: int = 32) -> int:
+def update_replication(r: int, theta_hat: float, sd: float, r_max: int = 32, *,
+                       noise: float | None = None, norm_test: float | None = None) -> int:
     """Replication-factor rule of §4.3.
 
     If ``θ̂ − sd < 0`` and ``r < r_max``: ``r ← 2r`` (capped at ``r_max``); else if
     ``θ̂ − 3sd > 0`` and ``r > 1``: ``r ← r/2``; otherwise keep ``r``. Non-finite inputs keep
     ``r``.
+
+    ``norm_test = ν`` adds the norm test of Byrd, Chin, Nocedal & Wu (2012, "Sample size
+    selection in optimization methods for machine learning", Eq. 3.3) on top [C]: the
+    gradient's Monte Carlo noise ``tr(Σ̂)/n`` (``noise``) must not exceed ``ν²θ̂``, else ``r``
+    doubles; ``r`` halves only when, after halving, it would still pass (``2·noise ≤ ν²θ̂``).
+    The jackknife alone only asks whether ``‖∇L‖`` differs from 0; a gradient can pass it while
+    its direction is mostly noise, and then the model overstates every step's gain.
     """
     r = int(r)
-    if theta_hat - sd < 0 and r < r_max:
+    fails_norm, passes_half = False, True
+    if norm_test is not None and noise is not None and np.isfinite(noise):
+        fails_norm = noise > norm_test ** 2 * theta_hat
+        passes_half = 2.0 * noise <= norm_test ** 2 * theta_hat
+    if (theta_hat - sd < 0 or fails_norm) and r < r_max:
         return min(2 * r, int(r_max))
-    if theta_hat - 3.0 * sd > 0 and r > 1:
+    if theta_hat - 3.0 * sd > 0 and r > 1 and passes_half:
         return max(r // 2, 1)
     return r
