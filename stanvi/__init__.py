@@ -26,9 +26,11 @@ def compile(path: str | os.PathLike, *, progress: bool = True, force: bool = Fal
 
 
 def load(model: str | os.PathLike | CompiledModel, data: DataLike = None, *, seed: int = 0,
-         threads: int | None = None, progress: bool = True) -> StanTarget:
-    """A :class:`StanTarget` for a `.stan` file (compiled if needed) or a compiled library."""
-    return StanTarget(model, data, seed=seed, threads=threads, progress=progress)
+         threads: int | None = None, progress: bool = True, hvp_method: str = "auto") -> StanTarget:
+    """A :class:`StanTarget` for a `.stan` file (compiled if needed) or a compiled library
+    (``hvp_method``: see :class:`StanTarget`)."""
+    return StanTarget(model, data, seed=seed, threads=threads, progress=progress,
+                      hvp_method=hvp_method)
 
 
 __all__ = ["CompiledModel", "Fit", "fit", "JaxTarget", "ModelEvaluationError", "StanCompileError",

@@ -190,6 +190,8 @@ def fit_attrs(fit, diagnostics=None) -> dict[str, Any]:
     }
     for k, v in fit.oracle.items():
         attrs[k] = v
+    if "hvp_method" in fit.info:
+        attrs["hvp_method"] = fit.info["hvp_method"]
     if diagnostics is not None:
         attrs.update({
             "pareto_k": float(diagnostics.khat),

@@ -49,6 +49,9 @@ class Fit:
         wall_time: seconds in the method, JAX compilation included; ``compile_time``: the part
             of it spent compiling JAX functions (``run_time`` is the rest); ``setup_time``:
             seconds to build the target (compiling the Stan model if needed) before the method.
+        info: the method's counters (e.g. TrustVI's accepted/rejected steps), plus for Stan
+            targets ``model_seconds`` (wall time inside the model's batched C++ calls) and
+            ``hvp_method`` (``"exact"`` or ``"finite_difference"``, once HVPs were used).
     """
 
     method: str
@@ -261,11 +264,15 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     setup_time = time.perf_counter() - t0
     t1 = time.perf_counter()
     compile_before = estimator.compile_seconds
+    counter = getattr(target, "counter", None)
+    model_before = getattr(counter, "seconds", 0.0)
     try:
         result: MethodResult = module.run(target, fam, key=key, options=opts, context=context)
     finally:
         bar.close()
     wall = time.perf_counter() - t1
+    if getattr(counter, "seconds", 0.0) > model_before:  # StanTarget times its batched calls
+        result.info["model_seconds"] = counter.seconds - model_before
     fit_result = make_fit(target, fam, result, method=method, profile=profile or module.DEFAULT_PROFILE,
                     options=opts, seed=seed, key=key, n_draws=draws, wall_time=wall,
                     setup_time=setup_time, estimator=estimator)
@@ -297,4 +304,6 @@ def make_fit(target: Target, family, result: MethodResult, *, method: str, profi
                draws=constrained, unconstrained_draws=z, log_p=log_p, log_q=log_q,
                trace=result.trace, oracle=result.ledger.snapshot(), status=result.status,
                message=result.message, wall_time=wall_time, setup_time=setup_time,
-               info=dict(result.info), _estimator=estimator)
+               info={**result.info, **({"hvp_method": target.hvp_method_used}
+                                       if getattr(target, "hvp_method_used", None) else {})},
+               _estimator=estimator)

@@ -127,15 +127,20 @@ def all_compiled(compiled):
 
 @pytest.fixture(scope="session")
 def load_target(compiled):
-    """``load_target(key, threads=None) -> StanTarget``, memoized per (key, threads)."""
+    """``load_target(key, threads=None) -> StanTarget``, memoized per (key, threads).
+
+    HVPs are the build's own (exact where the build has nested autodiff), not ``"auto"``: the
+    derivative tests check the exact sweep, and results must not depend on a timing."""
     cache: dict = {}
     lock = threading.Lock()
 
     def load(key: str, threads: int | None = None):
         with lock:
             if (key, threads) not in cache:
-                cache[(key, threads)] = stanvi.load(compiled(key), data_file(key),
-                                                    threads=threads, progress=False)
+                model = compiled(key)
+                cache[(key, threads)] = stanvi.load(
+                    model, data_file(key), threads=threads, progress=False,
+                    hvp_method="exact" if model.hvp_exact else "finite_difference")
             return cache[(key, threads)]
 
     return load

@@ -14,6 +14,8 @@ gradient; callers drop and redraw such draws (see :func:`gradient_with_redraws`)
 
 from __future__ import annotations
 
+import functools
+
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -137,8 +139,14 @@ class GradientEstimate(NamedTuple):
     n_dropped: int              # draws that failed and were replaced
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _standard_normal(key: jax.Array, n: int, dim: int) -> jax.Array:
+    return jax.random.normal(key, (n, dim), dtype=jnp.float64)
+
+
 def standard_normal(key: jax.Array, n: int, dim: int) -> np.ndarray:
-    return np.asarray(jax.random.normal(key, (n, dim), dtype=jnp.float64))
+    """(n, dim) standard normal base draws from ``key`` (jitted per shape)."""
+    return np.asarray(_standard_normal(key, int(n), int(dim)))
 
 
 def _collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_drops: int,

@@ -448,7 +448,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     params0 = np.asarray(family.initial_params(mu0, opt.init_log_scale), dtype=float)
     zeros = np.zeros_like(params0)
     per_grad = opt.grad_samples / 256.0  # for budget look-ahead; the ledger charges the same
-    ledger, trace = OracleLedger(), Trace()
+    ledger, trace = OracleLedger(), Trace(compile_clock=lambda: est.compile_seconds)
     info: dict[str, Any] = {"init": init_kind, "cb_size": opt.cb_size, "messages": [],
                             "adapt_elbos": [], "adapt_steps": 0, "sgd_iterations": 0,
                             "grad_draws_dropped": 0, "grad_failures": 0,

@@ -112,7 +112,7 @@ def _run(family, *, key: jax.Array, options: Options, context: RunContext) -> Me
     params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
     maxiter = o.cg_maxiter or family.n_params
     ledger = OracleLedger()
-    trace = Trace()
+    trace = Trace(compile_clock=lambda: est.compile_seconds)
     trace.record(0, params, ledger)
     status, message = "max_iters", f"reached max_iters={o.max_iters}"
     small_steps = 0

@@ -182,7 +182,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         mu0 = np.zeros(dim) if o.init == "zero" else context.random_init_mu
     params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
     ledger = OracleLedger()
-    trace = Trace()
+    trace = Trace(compile_clock=lambda: est.compile_seconds)
     trace.record(0, params, ledger, delta=o.delta0)
 
     delta = o.delta0

@@ -37,7 +37,7 @@ _SIGNATURES = {
     "stanvi_batch_gradient": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, _f64, _i32,
                               ctypes.c_char_p, _c_int, _c_int],
     "stanvi_batch_hvp": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, _f64, _f64, _f64, _i32,
-                         ctypes.c_char_p, _c_int, _c_int],
+                         ctypes.c_char_p, _c_int, _c_int, _c_bool],
     "stanvi_batch_constrain": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, ctypes.c_uint, _i32,
                                ctypes.c_char_p, _c_int, _c_int],
 }
@@ -122,7 +122,10 @@ class BatchedLibrary:
         return lp, grad, self._status(status, buf, failed)
 
     def hvp(self, model: int, z: np.ndarray, v: np.ndarray, *, propto: bool, jacobian: bool,
-            threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, RowStatus]:
+            threads: int, finite_difference: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, RowStatus]:
+        """(log p, gradient, H v) per row; ``finite_difference`` forces central differences of
+        gradients even in the exact (nested autodiff) build."""
         z = np.ascontiguousarray(z, dtype=np.float64)  # callers pass (n, D) rows
         v = np.ascontiguousarray(v, dtype=np.float64)
         if v.shape != z.shape:
@@ -135,7 +138,7 @@ class BatchedLibrary:
         buf = self._message_buffer(n)
         failed = self._lib.stanvi_batch_hvp(model, propto, jacobian, n, _ptr(z), _ptr(v), _ptr(lp),
                                              _ptr(grad), _ptr(hvp), _ptr(status),
-                                             buf, MESSAGE_BYTES, threads)
+                                             buf, MESSAGE_BYTES, threads, finite_difference)
         return lp, grad, hvp, self._status(status, buf, failed)
 
     def constrain(self, model: int, z: np.ndarray, n_out: int, *, include_tp: bool,

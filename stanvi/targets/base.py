@@ -32,11 +32,13 @@ class OracleCounter:
     log_density: int = 0
     gradient: int = 0
     hvp: int = 0
+    seconds: float = 0.0  # wall time inside the model's batched calls (where the target times them)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, kind: str, n: int) -> None:
+    def add(self, kind: str, n: int, seconds: float = 0.0) -> None:
         with self._lock:
             setattr(self, kind, getattr(self, kind) + int(n))
+            self.seconds += seconds
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -45,6 +47,7 @@ class OracleCounter:
     def reset(self) -> None:
         with self._lock:
             self.log_density = self.gradient = self.hvp = 0
+            self.seconds = 0.0
 
 
 @dataclass(frozen=True)

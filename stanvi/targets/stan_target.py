@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from stanvi.stan.names import Variable, group_names
 from stanvi.targets.base import BatchResult, OracleCounter, as_batch
 
 
+HVP_METHODS = ("auto", "exact", "finite_difference")
+
+
 class StanTarget:
     """A Stan model plus data, evaluated through its compiled library.
 
@@ -36,10 +40,22 @@ class StanTarget:
         seed: seed for the model's constructor (data-block RNG use) and default RNG seeds.
         threads: threads per batched call (default ``$STANVI_NUM_THREADS`` or all CPUs).
         progress: show compilation progress when ``model`` needs compiling.
+        hvp_method: how Hessian-vector products are computed: ``"exact"`` (one nested-autodiff
+            ``fvar<var>`` sweep; needs the exact build), ``"finite_difference"`` (central
+            differences of two reverse-mode gradients, plus the gradient itself), or ``"auto"``
+            (default): on the first HVP call both are timed on up to 16 of its rows and finite
+            differences are used when the exact sweep costs more than twice as much, as it does
+            for some Stan Math functions (e.g. ``bernoulli_logit_glm``: ~24× a gradient).
+            TrustVI only needs a bounded symmetric Hessian model (spec §4.1), so either is valid;
+            the choice is in :attr:`hvp_method_used`.  Pass an explicit method where results
+            must be bitwise reproducible across separately loaded targets.
     """
 
     def __init__(self, model: CompiledModel | str | os.PathLike, data: DataLike = None, *,
-                 seed: int = 0, threads: int | None = None, progress: bool = True) -> None:
+                 seed: int = 0, threads: int | None = None, progress: bool = True,
+                 hvp_method: str = "auto") -> None:
+        if hvp_method not in HVP_METHODS:
+            raise ValueError(f"hvp_method={hvp_method!r} is not one of {list(HVP_METHODS)}")
         if isinstance(model, CompiledModel):
             compiled = model
         elif str(model).endswith(".stan") or "{" in str(model):
@@ -56,6 +72,11 @@ class StanTarget:
         self.threads = threads or default_threads()
         self.counter = OracleCounter()
         self._batched = BatchedLibrary(library)
+        if hvp_method == "exact" and not self._batched.hvp_exact:
+            raise ValueError(f"hvp_method='exact' needs the nested-autodiff build, but "
+                             f"{self.library_path.name} is the finite-difference build")
+        self._hvp_fd: bool | None = {"exact": False, "finite_difference": True}.get(
+            hvp_method, None if self._batched.hvp_exact else True)
         try:
             self._bs = load_bridgestan_model(library, self.data_json, self.seed)
         except RuntimeError as exc:
@@ -88,6 +109,27 @@ class StanTarget:
     def hvp_exact(self) -> bool:
         """True when HVPs come from nested autodiff, False for the finite-difference build."""
         return self._batched.hvp_exact
+
+    @property
+    def hvp_method_used(self) -> str | None:
+        """``"exact"`` or ``"finite_difference"``; None while ``"auto"`` has not decided yet."""
+        return None if self._hvp_fd is None else ("finite_difference" if self._hvp_fd else "exact")
+
+    def _choose_hvp_method(self, z: np.ndarray, v: np.ndarray) -> None:
+        """``hvp_method="auto"``: time both on up to 16 rows (best of 3), finite differences
+        when the exact sweep costs more than twice as much."""
+        zs, vs = z[:16], v[:16]
+
+        def best(fd: bool) -> float:
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                self._batched.hvp(self._handle, zs, vs, propto=False, jacobian=True,
+                                  threads=self.threads, finite_difference=fd)
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        self._hvp_fd = best(False) > 2.0 * best(True)
 
     def variables(self, *, include_tp: bool = True, include_gq: bool = True) -> list[Variable]:
         """The model's constrained variables (name, shape), parameters first."""
@@ -129,26 +171,31 @@ class StanTarget:
 
     def log_density(self, z: np.ndarray) -> BatchResult:
         z = self._prepare(z)
+        t0 = time.perf_counter()
         lp, st = self._batched.log_density(self._handle, z, propto=False, jacobian=True,
                                            threads=self.threads)
-        self.counter.add("log_density", z.shape[0])
+        self.counter.add("log_density", z.shape[0], time.perf_counter() - t0)
         self._nan_rows(z, lp)
         return BatchResult(lp, ok=st.ok, messages=st.messages)
 
     def log_density_gradient(self, z: np.ndarray) -> BatchResult:
         z = self._prepare(z)
+        t0 = time.perf_counter()
         lp, grad, st = self._batched.gradient(self._handle, z, propto=False, jacobian=True,
                                               threads=self.threads)
-        self.counter.add("gradient", z.shape[0])
+        self.counter.add("gradient", z.shape[0], time.perf_counter() - t0)
         self._nan_rows(z, lp)
         return BatchResult(lp, gradient=grad, ok=st.ok, messages=st.messages)
 
     def log_density_hvp(self, z: np.ndarray, v: np.ndarray) -> BatchResult:
         z = self._prepare(z)
         v = np.broadcast_to(np.asarray(v, dtype=np.float64), z.shape).copy(order="C")
+        if self._hvp_fd is None:
+            self._choose_hvp_method(z, v)
+        t0 = time.perf_counter()
         lp, grad, hvp, st = self._batched.hvp(self._handle, z, v, propto=False, jacobian=True,
-                                              threads=self.threads)
-        self.counter.add("hvp", z.shape[0])
+                                              threads=self.threads, finite_difference=self._hvp_fd)
+        self.counter.add("hvp", z.shape[0], time.perf_counter() - t0)
         self._nan_rows(z, lp)
         return BatchResult(lp, gradient=grad, hvp=hvp, ok=st.ok, messages=st.messages)
 

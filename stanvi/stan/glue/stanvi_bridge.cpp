@@ -582,16 +582,21 @@ int stanvi_batch_gradient(const bs_model* m, bool propto, bool jacobian, int n,
   return failed;
 }
 
+// finite_difference: central differences of reverse-mode gradients (3 gradients per row) even
+// in the exact build, where nested autodiff can cost 10-25 gradients for some Stan Math
+// functions (the caller chooses, see StanTarget's hvp_method).
 int stanvi_batch_hvp(const bs_model* m, bool propto, bool jacobian, int n, const double* theta,
                      const double* v, double* lp, double* grad, double* hvp, int* status,
-                     char* msgs, int msg_len, int n_threads) {
+                     char* msgs, int msg_len, int n_threads, bool finite_difference) {
   const int d = m->unc_num;
   parallel_rows(n, n_threads, [&](int i) {
     const size_t off = static_cast<size_t>(i) * d;
     status[i] = guarded_row(i, msgs, msg_len, [&](std::ostream& out) {
       Vec x = Eigen::Map<const Vec>(theta + off, d);
       Vec dir = Eigen::Map<const Vec>(v + off, d);
-      lp[i] = hvp_at(*m->model, propto, jacobian, x, dir, grad + off, hvp + off, &out);
+      lp[i] = finite_difference
+                  ? fd_hvp_at(*m->model, propto, jacobian, x, dir, grad + off, hvp + off, &out)
+                  : hvp_at(*m->model, propto, jacobian, x, dir, grad + off, hvp + off, &out);
       return std::isfinite(lp[i]) && all_finite(grad + off, d) && all_finite(hvp + off, d);
     });
     if (status[i] != kRowOk) {
