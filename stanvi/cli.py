@@ -155,8 +155,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if args.configs:
             configs = tuple(tuple(c.split(":", 1)) for c in args.configs.split(","))
         methods_bench.run(Path(args.models_dir), models=args.models.split(",") if args.models else None,
-                          seeds=args.seeds, configs=configs,
-                          output=Path(args.output) if args.output else None)
+                          seeds=args.seeds, configs=configs, budget=args.budget,
+                          output=Path(args.output) if args.output else None, resume=args.resume)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")
 
@@ -247,7 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", default=None,
                    help="methods: comma-separated method:profile list (default: trustvi:default,"
                         "trustvi:paper,advi:paper,advi:stan,hfsgvi:paper)")
-    p.add_argument("--output", default=None, help="methods: write the figures as JSON here")
+    p.add_argument("--output", default=None,
+                   help="methods: write the figures as JSON here (rewritten after every model)")
+    p.add_argument("--resume", action="store_true",
+                   help="methods: skip the models already in --output")
+    p.add_argument("--budget", type=float, default=None,
+                   help="methods: oracle budget per run in the paper's scaled units "
+                        "(max_oracle_calls; default none)")
     p.set_defaults(func=_cmd_bench)
     return parser
 

@@ -83,7 +83,8 @@ from jax import lax
 
 from stanvi.errors import VIError
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
-from stanvi.methods.common import MethodResult, OracleLedger, Trace, purpose_key
+from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
+                                   purpose_key)
 
 jax.config.update("jax_enable_x64", True)
 
@@ -448,7 +449,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     params0 = np.asarray(family.initial_params(mu0, opt.init_log_scale), dtype=float)
     zeros = np.zeros_like(params0)
     per_grad = opt.grad_samples / 256.0  # for budget look-ahead; the ledger charges the same
-    ledger, trace = OracleLedger(), Trace(compile_clock=lambda: est.compile_seconds)
+    ledger, trace = OracleLedger(), Trace(compile_clock=compile_clock(est))
     info: dict[str, Any] = {"init": init_kind, "cb_size": opt.cb_size, "messages": [],
                             "adapt_elbos": [], "adapt_steps": 0, "sgd_iterations": 0,
                             "grad_draws_dropped": 0, "grad_failures": 0,

@@ -28,8 +28,19 @@ def _fold_in_twice(key: jax.Array, iteration, purpose) -> jax.Array:
 
 def purpose_key(key: jax.Array, iteration: int, purpose: str) -> jax.Array:
     """The key for one purpose in one iteration: never shared between roles (§1.3, test 14).
-    (One jitted call: two eager ``fold_in`` dispatches cost ~1.5 ms per iteration.)"""
+    (From Python, one jitted call: two eager ``fold_in`` dispatches cost ~1.5 ms; inside traced
+    code, e.g. ADVI's compiled chunk, the plain function.)"""
+    if isinstance(iteration, jax.core.Tracer):
+        return jax.random.fold_in(jax.random.fold_in(key, iteration), PURPOSES[purpose])
     return _fold_in_twice(key, np.uint32(iteration), np.uint32(PURPOSES[purpose]))
+
+
+def compile_clock(estimator) -> Callable[[], float] | None:
+    """The estimator's cumulative JAX compile seconds as a clock for :class:`Trace`; None for
+    stand-in estimators (tests) that do not compile."""
+    if not hasattr(estimator, "compile_seconds"):
+        return None
+    return lambda: estimator.compile_seconds
 
 
 @dataclass

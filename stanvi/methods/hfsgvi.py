@@ -26,7 +26,8 @@ import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
-from stanvi.methods.common import MethodResult, OracleLedger, Trace, purpose_key
+from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
+                                   purpose_key)
 from stanvi.methods.context import RunContext
 
 
@@ -112,7 +113,7 @@ def _run(family, *, key: jax.Array, options: Options, context: RunContext) -> Me
     params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
     maxiter = o.cg_maxiter or family.n_params
     ledger = OracleLedger()
-    trace = Trace(compile_clock=lambda: est.compile_seconds)
+    trace = Trace(compile_clock=compile_clock(est))
     trace.record(0, params, ledger)
     status, message = "max_iters", f"reached max_iters={o.max_iters}"
     small_steps = 0

@@ -24,16 +24,28 @@ Profiles (``PROFILES``):
 * ``default``: the same algorithm and safeguards, tuned for wall time on a CPU, where every draw
   costs (issue P1-2, "Beyond the paper"): small starting batches (n_g⁰ = 16, n_h⁰ = 8,
   N₀ = 16) that the paper's own adaptation rules (jackknife, Inequalities 11/13) grow when the
-  noise demands it, up to the paper's maxima (r ≤ 256 so n_g ≤ 4096; N ≤ 4096), δ₀ = 1, and the
-  stopping rule below.
+  noise demands it, up to r ≤ 64 and N ≤ 1024, δ₀ = 1, plus the norm test of Byrd, Chin,
+  Nocedal & Wu (2012) in the batch rule (``norm_test``, see
+  :func:`~stanvi.optim.jackknife.update_replication`), and the stopping rule below.
+* ``reference_code``: the authors' code's rules (spec §4.9), for ablations: ratio acceptance
+  ρ = ℓ'/m' ≥ η without the λ-test, a warm-up that accepts nothing until δ has grown and
+  shrunk once (with unlimited Hessian reuse meanwhile), δ doubled when ρ ≥ η and ‖s‖ > 0.7δ
+  and halved otherwise whether or not the step is accepted, Inequality 11 without its factor 2
+  and with λ = 2, Inequality 13 with ν1 = 1 and ζ1 = 2/3, and [R]'s doubling/halving of N
+  (floor N₀).  [R]'s trlib iteration caps (10·D Krylov steps) are not reproduced: GLTR here
+  stops at D.
 
 Stopping rule (§4.8: the paper defines none beyond δ < δ_min and the iteration cap):
-``converged`` when δ < δ_min (every step of useful size is being rejected), or, when
-``stall_stop`` is on (default profile), when the sample size the theory asks for, N*, exceeds
-N_max on ``stall_iters`` consecutive assessed iterations (the gradient is no longer
-distinguishable from Monte Carlo noise at the largest affordable sample: the optimum is reached
-to within the noise, §4.6 "stall signal"); ``max_iters``; ``budget``; ``failed`` when a gradient
-fails after Stan's redraw limit (status ``failed_gradient`` in the spec).
+``converged`` when δ < δ_min (every step of useful size is being rejected); when ``tol_model``
+is set (default profile), when the quadratic model's *Newton step* predicts less than
+``tol_model`` nats of gain on ``tol_model_iters`` consecutive iterations — m' for an interior
+solve, the Newton gain over the solver's Krylov subspace for a boundary solve
+(:func:`_newton_gain`), never the radius-limited gain, so a radius that collapsed after
+rejections cannot fake convergence; or, when ``stall_stop`` is on, when the sample size the
+theory asks for, N*, exceeds N_max on ``stall_iters`` consecutive assessed iterations (the
+gradient is indistinguishable from Monte Carlo noise at the largest affordable sample, §4.6);
+``max_iters``; ``budget``; ``failed`` when a gradient fails after Stan's redraw limit (status
+``failed_gradient`` in the spec).
 """
 
 from __future__ import annotations
@@ -45,7 +57,8 @@ import numpy as np
 
 from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, standard_normal,
                                     valid_draws)
-from stanvi.methods.common import MethodResult, OracleLedger, Trace, purpose_key
+from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
+                                   purpose_key)
 from stanvi.methods.context import RunContext
 from stanvi.optim.dense_tr import TRResult, solve_dense_tr
 from stanvi.optim.gltr import solve_gltr, solve_subspace_reuse
@@ -82,7 +95,7 @@ class Options:
     reuse_mode: str = "subspace"      # 'subspace' (1 HVP) | 'sample' (same draws, new solve) | 'none'
     ineq13_gradient: str = "plugin"   # ‖∇L‖² in Ineq. 13: 'plugin' ‖g‖² [R] | 'unbiased' θ̂ [C]
     tol_model: float | None = None    # stop when the Newton model predicts < tol_model nats [C]
-    tol_model_iters: int = 3          # ... on this many consecutive interior solves [C]
+    tol_model_iters: int = 3          # ... of the Newton step, this many times in a row [C]
     stall_stop: bool = False          # stop on the stall signal [C]
     stall_iters: int = 5              # K_stall [C]
     norm_test: float | None = None    # also grow r when MC noise > ν²‖∇L‖² (Byrd et al. 2012) [C]
@@ -182,7 +195,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         mu0 = np.zeros(dim) if o.init == "zero" else context.random_init_mu
     params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
     ledger = OracleLedger()
-    trace = Trace(compile_clock=lambda: est.compile_seconds)
+    trace = Trace(compile_clock=compile_clock(est))
     trace.record(0, params, ledger, delta=o.delta0)
 
     delta = o.delta0
