@@ -264,7 +264,59 @@ def run(models_dir: Path, *, models: list[str] | None = None, seeds: int = 5,
             tmp.write_text(json.dumps(report, indent=1, default=float))
             tmp.replace(output)
     _print_overall(report)
+    if output is not None:
+        output.with_suffix(".md").write_text(markdown_summary(report))
     return report
+
+
+def _fmt(x, spec: str = ".2f") -> str:
+    return "–" if x is None or (isinstance(x, float) and not np.isfinite(x)) else format(x, spec)
+
+
+def markdown_summary(report: dict) -> str:
+    """Markdown tables of a report (written next to the JSON as ``.md``): final ELBOs, the paper
+    protocol's oracle-call ratios, and the default profile's figures to 1 nat."""
+    order = [f"{m}:{p}" for m, p in DEFAULT_CONFIGS]
+    cfgs = sorted({c for r in report.values() for c in r["medians"]},
+                  key=lambda c: (order.index(c) if c in order else len(order), c))
+    lines = ["### Median final ELBO (failed runs of 5 in brackets)", "",
+             "| model | D | " + " | ".join(cfgs) + " |", "|---|---|" + "---|" * len(cfgs)]
+    for name, r in report.items():
+        cells = []
+        for c in cfgs:
+            m = r["medians"].get(c)
+            fails = sum(x["status"] == "failed" for x in r.get("runs", {}).get(c, []))
+            cells.append("" if m is None else _fmt(m["final_elbo"]) + (f" ({fails})" if fails else ""))
+        lines.append(f"| {name} | {r['dim']} | " + " | ".join(cells) + " |")
+    lines += ["", "### Oracle calls to the threshold (paper protocol, §7.2)", "",
+              "| model | pair | threshold | ADVI/HFSGVI calls | TrustVI calls | ratio |",
+              "|---|---|---|---|---|---|"]
+    for name, r in report.items():
+        for key, p in r["pairs"].items():
+            ref, other = key.split("|")
+            if "threshold" not in p:
+                lines.append(f"| {name} | {other} / {ref} | – | – | – | excluded: {p['excluded']} |")
+                continue
+            ratio = _fmt(p["ratio"], ".1f") + "×" + (" (excluded: < 5 iterations)" if p["excluded"] else "")
+            lines.append(f"| {name} | {other} / {ref} | {_fmt(p['threshold'])} | "
+                         f"{_fmt(p['oracle_other'], '.1f')} | {_fmt(p['oracle_ref'], '.1f')} | {ratio} |")
+    lines += ["", "### To within 1 nat of the best final ELBO: draw-level evaluations / run time", "",
+              "| model | " + " | ".join(cfgs) + " |", "|---|" + "---|" * len(cfgs)]
+    for name, r in report.items():
+        cells = []
+        for c in cfgs:
+            t = r["to_one_nat"].get(c, "absent")
+            cells.append("" if t == "absent" else "never" if t is None
+                         else f"{t['draw_evals']:.0f} / {t['wall']:.2f} s")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "### TrustVI engine overhead (run time / C++ time)", "",
+              "| model | config | estimated (draws × 256-batch cost) | measured in C++ calls |",
+              "|---|---|---|---|"]
+    for name, r in report.items():
+        for c, o in r["overhead"].items():
+            if isinstance(o, dict):
+                lines.append(f"| {name} | {c} | {_fmt(o['estimated'])} | {_fmt(o['measured'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def _print_overall(report: dict) -> None:
