@@ -282,21 +282,34 @@ def _fmt(x, spec: str = ".2f") -> str:
     return "–" if x is None or (isinstance(x, float) and not np.isfinite(x)) else format(x, spec)
 
 
+def _config_table(report: dict, cfgs: list[str], cell, *, with_dim: bool) -> list[str]:
+    """A markdown table with a row per model and a column per configuration."""
+    head = "| model | D | " if with_dim else "| model | "
+    rows = [head + " | ".join(cfgs) + " |", "|---|" + ("---|" if with_dim else "") + "---|" * len(cfgs)]
+    for name, r in report.items():
+        lead = f"| {name} | {r['dim']} | " if with_dim else f"| {name} | "
+        rows.append(lead + " | ".join(cell(r, c) for c in cfgs) + " |")
+    return rows
+
+
 def markdown_summary(report: dict) -> str:
     """Markdown tables of a report (written next to the JSON as ``.md``): final ELBOs, the paper
     protocol's oracle-call ratios, and the default profile's figures to 1 nat."""
     order = [f"{m}:{p}" for m, p in DEFAULT_CONFIGS]
     cfgs = sorted({c for r in report.values() for c in r["medians"]},
                   key=lambda c: (order.index(c) if c in order else len(order), c))
+    def final_cell(r: dict, c: str) -> str:
+        m = r["medians"].get(c)
+        fails = sum(x["status"] == "failed" for x in r.get("runs", {}).get(c, []))
+        return "" if m is None else _fmt(m["final_elbo"]) + (f" ({fails})" if fails else "")
+
+    def to_one_nat_cell(r: dict, c: str) -> str:
+        t = r["to_one_nat"].get(c, "absent")
+        return ("" if t == "absent" else "never" if t is None
+                else f"{t['draw_evals']:.0f} / {t['wall']:.2f} s")
+
     lines = ["### Median final ELBO (failed runs of 5 in brackets)", "",
-             "| model | D | " + " | ".join(cfgs) + " |", "|---|---|" + "---|" * len(cfgs)]
-    for name, r in report.items():
-        cells = []
-        for c in cfgs:
-            m = r["medians"].get(c)
-            fails = sum(x["status"] == "failed" for x in r.get("runs", {}).get(c, []))
-            cells.append("" if m is None else _fmt(m["final_elbo"]) + (f" ({fails})" if fails else ""))
-        lines.append(f"| {name} | {r['dim']} | " + " | ".join(cells) + " |")
+             *_config_table(report, cfgs, final_cell, with_dim=True)]
     lines += ["", "### Oracle calls to the threshold (paper protocol, §7.2)", "",
               "| model | pair | threshold | ADVI/HFSGVI calls | TrustVI calls | ratio |",
               "|---|---|---|---|---|---|"]
@@ -310,14 +323,7 @@ def markdown_summary(report: dict) -> str:
             lines.append(f"| {name} | {other} / {ref} | {_fmt(p['threshold'])} | "
                          f"{_fmt(p['oracle_other'], '.1f')} | {_fmt(p['oracle_ref'], '.1f')} | {ratio} |")
     lines += ["", "### To within 1 nat of the best final ELBO: draw-level evaluations / run time", "",
-              "| model | " + " | ".join(cfgs) + " |", "|---|" + "---|" * len(cfgs)]
-    for name, r in report.items():
-        cells = []
-        for c in cfgs:
-            t = r["to_one_nat"].get(c, "absent")
-            cells.append("" if t == "absent" else "never" if t is None
-                         else f"{t['draw_evals']:.0f} / {t['wall']:.2f} s")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+              *_config_table(report, cfgs, to_one_nat_cell, with_dim=False)]
     lines += ["", "### TrustVI engine overhead (run time / C++ time)", "",
               "| model | config | estimated (draws × 256-batch cost) | measured in C++ calls |",
               "|---|---|---|---|"]
