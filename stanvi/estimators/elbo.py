@@ -15,7 +15,6 @@ gradient; callers drop and redraw such draws (see :func:`gradient_with_redraws`)
 from __future__ import annotations
 
 import functools
-
 import time
 from collections.abc import Callable
 from typing import NamedTuple

@@ -169,21 +169,24 @@ class StanTarget:
         if np.isnan(z.sum()):  # cheap test first; the row-wise one only when needed
             lp[np.isnan(z).any(axis=1)] = np.nan
 
+    def _counted(self, kind: str, z: np.ndarray, call, *args, **kwargs):
+        """``call(handle, z, *args, ...)`` on the library, counted in ``self.counter`` as
+        ``len(z)`` draws of ``kind`` with the seconds spent in C++."""
+        t0 = time.perf_counter()
+        out = call(self._handle, z, *args, propto=False, jacobian=True, threads=self.threads,
+                   **kwargs)
+        self.counter.add(kind, z.shape[0], time.perf_counter() - t0)
+        return out
+
     def log_density(self, z: np.ndarray) -> BatchResult:
         z = self._prepare(z)
-        t0 = time.perf_counter()
-        lp, st = self._batched.log_density(self._handle, z, propto=False, jacobian=True,
-                                           threads=self.threads)
-        self.counter.add("log_density", z.shape[0], time.perf_counter() - t0)
+        lp, st = self._counted("log_density", z, self._batched.log_density)
         self._nan_rows(z, lp)
         return BatchResult(lp, ok=st.ok, messages=st.messages)
 
     def log_density_gradient(self, z: np.ndarray) -> BatchResult:
         z = self._prepare(z)
-        t0 = time.perf_counter()
-        lp, grad, st = self._batched.gradient(self._handle, z, propto=False, jacobian=True,
-                                              threads=self.threads)
-        self.counter.add("gradient", z.shape[0], time.perf_counter() - t0)
+        lp, grad, st = self._counted("gradient", z, self._batched.gradient)
         self._nan_rows(z, lp)
         return BatchResult(lp, gradient=grad, ok=st.ok, messages=st.messages)
 
@@ -192,10 +195,8 @@ class StanTarget:
         v = np.broadcast_to(np.asarray(v, dtype=np.float64), z.shape).copy(order="C")
         if self._hvp_fd is None:
             self._choose_hvp_method(z, v)
-        t0 = time.perf_counter()
-        lp, grad, hvp, st = self._batched.hvp(self._handle, z, v, propto=False, jacobian=True,
-                                              threads=self.threads, finite_difference=self._hvp_fd)
-        self.counter.add("hvp", z.shape[0], time.perf_counter() - t0)
+        lp, grad, hvp, st = self._counted("hvp", z, self._batched.hvp, v,
+                                          finite_difference=self._hvp_fd)
         self._nan_rows(z, lp)
         return BatchResult(lp, gradient=grad, hvp=hvp, ok=st.ok, messages=st.messages)
 
