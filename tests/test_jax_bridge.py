@@ -2,7 +2,8 @@
 
 The bridge's values come from the same C++ entry points as the batched methods, so results must
 be identical (bit for bit), and ``vmap`` must become ONE batched call: the oracle counter and a
-call-counting wrapper check that.
+call-counting wrapper check that.  These tests use the ``pure_callback`` bridge (the wrapper
+sees its calls); tests/test_ffi_bridge.py checks that the XLA FFI bridge equals it exactly.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class CallCounter:
         monkeypatch.setattr(target, name, wrapper)
 
 
+def bridge(target):
+    """The target's pure_callback bridge."""
+    return target.jax_log_density_with("callback")
+
+
 def _delta(before, after):
     return {k: after[k] - before[k] for k in after}
 
@@ -46,7 +52,7 @@ def radon_points(hierarchical_radon):
 
 
 def test_value_is_float64_and_matches(hierarchical_radon, radon_points):
-    f = hierarchical_radon.jax_log_density
+    f = bridge(hierarchical_radon)
     z, _ = radon_points
     out = jax.jit(f)(jnp.asarray(z[0]))
     assert out.dtype == jnp.float64 and out.shape == ()
@@ -60,7 +66,7 @@ def test_jit_vmap_grad_equals_library_gradient(hierarchical_radon, radon_points,
     t = hierarchical_radon
     z, _ = radon_points
     expected = t.log_density_gradient(z)
-    grad_fn = jax.jit(jax.vmap(jax.grad(t.jax_log_density)))
+    grad_fn = jax.jit(jax.vmap(jax.grad(bridge(t))))
     grad_fn(jnp.asarray(z)).block_until_ready()          # compile (and run) once
     calls = CallCounter(monkeypatch, t, "log_density_gradient")
     before = t.counter.snapshot()
@@ -77,7 +83,7 @@ def test_vmap_value_and_grad(hierarchical_radon, radon_points):
     t = hierarchical_radon
     z, _ = radon_points
     before = t.counter.snapshot()
-    lp, g = jax.vmap(jax.value_and_grad(t.jax_log_density))(jnp.asarray(z))
+    lp, g = jax.vmap(jax.value_and_grad(bridge(t)))(jnp.asarray(z))
     expected = t.log_density_gradient(z)
     np.testing.assert_array_equal(np.asarray(lp), expected.log_density)
     np.testing.assert_array_equal(np.asarray(g), expected.gradient)
@@ -88,7 +94,7 @@ def test_vmap_jvp_of_grad_equals_library_hvp(hierarchical_radon, radon_points, m
     t = hierarchical_radon
     z, v = radon_points
     expected = t.log_density_hvp(z, v)
-    grad = jax.grad(t.jax_log_density)
+    grad = jax.grad(bridge(t))
 
     def hvp(zi, vi):
         return jax.jvp(grad, (zi,), (vi,))
@@ -111,7 +117,7 @@ def test_single_point_grad_and_hvp(eight_schools):
     t = eight_schools
     z = random_points(t, 1, seed=3)[0]
     v = np.linspace(-1, 1, t.dim)
-    f = t.jax_log_density
+    f = bridge(t)
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(f))(jnp.asarray(z))),
                                   t.gradient_at(z)[1])
     _, hv = jax.jvp(jax.grad(f), (jnp.asarray(z),), (jnp.asarray(v),))
@@ -131,7 +137,7 @@ def test_jax_hessian_equals_dense_hessian(eight_schools):
     (z broadcast), against bridgestan's dense Hessian of the same library."""
     t = eight_schools
     z = random_points(t, 1, seed=4)[0]
-    hess = np.asarray(jax.hessian(t.jax_log_density)(jnp.asarray(z)))
+    hess = np.asarray(jax.hessian(bridge(t))(jnp.asarray(z)))
     _, _, dense = t._bs.log_density_hessian(z, propto=False, jacobian=True)
     np.testing.assert_allclose(hess, dense, rtol=0, atol=1e-12 * np.abs(dense).max())
     np.testing.assert_allclose(hess, hess.T, rtol=0, atol=1e-12 * np.abs(dense).max())
@@ -143,7 +149,7 @@ def test_grad_through_a_sum_over_draws(eight_schools):
     z = random_points(t, 8, seed=5)
 
     def objective(zz):
-        return jnp.mean(jax.vmap(t.jax_log_density)(zz))
+        return jnp.mean(jax.vmap(bridge(t))(zz))
 
     g = jax.jit(jax.grad(objective))(jnp.asarray(z))
     np.testing.assert_allclose(np.asarray(g), t.log_density_gradient(z).gradient / 8,
@@ -160,7 +166,7 @@ def test_reparameterized_elbo_gradient_chain_rule(gaussian):
 
     def elbo(m, s):
         z = m + s * eps
-        return jnp.mean(jax.vmap(t.jax_log_density)(z)) + jnp.sum(jnp.log(s))
+        return jnp.mean(jax.vmap(bridge(t))(z)) + jnp.sum(jnp.log(s))
 
     gm, gs = jax.grad(elbo, argnums=(0, 1))(jnp.asarray(m0), jnp.asarray(s0))
     g = t.log_density_gradient(m0 + s0 * eps).gradient
@@ -169,7 +175,7 @@ def test_reparameterized_elbo_gradient_chain_rule(gaussian):
 
 
 def test_failed_rows_through_the_bridge(reject_region):
-    f = reject_region.jax_log_density
+    f = bridge(reject_region)
     z = jnp.asarray([[0.0, 0.0], [3.0, 0.0], [1.0, 0.5]])
     lp = np.asarray(jax.vmap(f)(z))
     assert lp[1] == -np.inf and np.isfinite(lp[[0, 2]]).all()
@@ -246,7 +252,7 @@ def test_jax_target_wrapping_the_bridge(eight_schools):
     """A JaxTarget built on a StanTarget's JAX function: batched calls go through the bridge
     (one C++ call per batch) and give the library's numbers."""
     t = eight_schools
-    jt = stanvi.JaxTarget(t.jax_log_density, t.dim, names=t.unconstrained_names)
+    jt = stanvi.JaxTarget(bridge(t), t.dim, names=t.unconstrained_names)
     z = random_points(t, 5, seed=7)
     v = np.ones_like(z)
     res = jt.log_density_hvp(z, v)
@@ -275,7 +281,7 @@ def test_first_call_of_jitted_hvp_is_one_batched_hvp_call(eight_schools, monkeyp
     t = eight_schools
     z = random_points(t, 6, seed=8)
     v = np.random.default_rng(9).standard_normal(z.shape)
-    grad = jax.grad(t.jax_log_density)
+    grad = jax.grad(bridge(t))
     fn = jax.jit(jax.vmap(lambda a, b: jax.jvp(grad, (a,), (b,))))
     hvp_calls = CallCounter(monkeypatch, t, "log_density_hvp")
     grad_calls = CallCounter(monkeypatch, t, "log_density_gradient")

@@ -7,8 +7,8 @@ Layout under the cache root (``$STANVI_CACHE_DIR``, else ``$XDG_CACHE_HOME/stanv
         exact/  fd/               one directory per flag set (exact nested-AD HVP, finite differences)
             stanvi_pch.hpp(.gch)  precompiled stan/model/model_header.hpp (~800 MB, built once)
             stanvi_bridge-<h>.o   the glue (h hashes its source), linked into every model
-        models/<name>-<key>/      one model library; <key> hashes the model code, its name and
-                                  the glue's hash
+        models/<name>-<key>/      one model library; <key> hashes the model code, its name, the
+                                  glue's hash and the link flags (toolchain.library_fingerprint)
             model.stan, model.hpp, lib<name>.so, build.json (written last: the entry is complete)
         locks/                    file locks, one per artifact
 

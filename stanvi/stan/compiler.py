@@ -24,7 +24,8 @@ from pathlib import Path
 from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.stan.cache import cache_root, file_sha256, lock_for, model_key
 from stanvi.stan.progress import StageProgress
-from stanvi.stan.toolchain import GLUE_SOURCE, Toolchain, find_toolchain, glue_fingerprint
+from stanvi.stan.toolchain import (GLUE_SOURCE, Toolchain, find_toolchain, glue_fingerprint,
+                                   library_fingerprint)
 
 _BUILD_RECORD = "build.json"
 _PCH_HEADER = "stanvi_pch.hpp"
@@ -63,7 +64,7 @@ def compile_model(model: str | os.PathLike, *, name: str | None = None, progress
     name = _model_name(name or (Path(path).stem if path else "model"))
     toolchain = find_toolchain()
     tc_dir = cache_root() / toolchain.fingerprint
-    entry = tc_dir / "models" / f"{name}-{model_key(code + glue_fingerprint(), name)}"
+    entry = tc_dir / "models" / f"{name}-{model_key(code + library_fingerprint(), name)}"
     if not force:
         found = _load_record(entry)
         if found is not None:
@@ -144,8 +145,11 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
                 continue
             bar.stage("linking")
             tmp = entry / f".lib{name}.{os.getpid()}.so"
-            link = _run([toolchain.cxx, "-shared", "-o", str(tmp), str(obj),
-                         str(_glue_object(flag_dir)), *toolchain.link_flags()], "the linker")
+            static_runtime = True
+            link = _link(toolchain, tmp, obj, flag_dir, static_runtime)
+            if link.returncode != 0:  # e.g. no libstdc++.a: link with the shared runtime
+                static_runtime = False
+                link = _link(toolchain, tmp, obj, flag_dir, static_runtime)
             obj.unlink(missing_ok=True)
             if link.returncode != 0:
                 raise StanCompileError(f"linking the model library for {shown} failed:\n"
@@ -155,13 +159,21 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
             record = {"library": library.name, "name": name, "hvp_exact": exact,
                       "sha256": file_sha256(library), "compile_seconds": seconds,
                       "stanc_version": toolchain.stanc_version, "cxx": toolchain.cxx_version,
-                      "source": path}
+                      "static_runtime": static_runtime, "source": path}
             _atomic_write(entry / _BUILD_RECORD, json.dumps(record, indent=1))
             return CompiledModel(library=library, name=name, stan_file=stan_file, hvp_exact=exact,
                                  compile_seconds=seconds, cached=False)
     raise StanCompileError(
         f"the C++ compiler rejected the code stanc generated for {shown} (a stanc or toolchain "
         f"problem, not an error in your model):\n{_tail(errors[-1])}", path=path)
+
+
+def _link(toolchain: Toolchain, out: Path, obj: Path, flag_dir: Path,
+          static_runtime: bool) -> subprocess.CompletedProcess:
+    """Link the model object and the glue into the shared library ``out``; ``static_runtime``:
+    with a private C++ runtime and unwinder (see ``toolchain.STATIC_RUNTIME_FLAGS``)."""
+    return _run([toolchain.cxx, "-shared", "-o", str(out), str(obj), str(_glue_object(flag_dir)),
+                 *toolchain.link_flags(static_runtime)], "the linker")
 
 
 def _stanc(toolchain: Toolchain, stan_file: Path, hpp: Path, name: str, path: str | None) -> None:

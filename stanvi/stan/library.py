@@ -76,6 +76,11 @@ class BatchedLibrary:
         self.hvp_exact = bool(self._lib.stanvi_hvp_is_exact())
         self._buffers = threading.local()
 
+    def function_address(self, name: str) -> int:
+        """The address of one of the library's C entry points (for the XLA FFI handlers, which
+        call the batched entry points through function pointers)."""
+        return int(ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value)
+
     def _message_buffer(self, n: int) -> ctypes.Array:
         """A per-thread message buffer of at least n rows, reused across calls (the C++ side
         writes only the rows that fail, and only those rows are read back)."""

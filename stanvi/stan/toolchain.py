@@ -32,6 +32,20 @@ EXACT_HVP_FLAG = "-DSTAN_MODEL_FVAR_VAR"
 LINK_LIBRARIES = ("-lsundials_cvodes", "-lsundials_idas", "-lsundials_kinsol",
                   "-lsundials_nvecserial", "-ltbb")
 
+# The model library carries its own copy of the C++ runtime and of libgcc's unwinder, hidden from
+# every other library (--exclude-libs).  Why: Stan reports a bad draw by throwing, and with the
+# shared unwinder (libgcc_s before GCC 13) every frame of every throw first searches, under one
+# global mutex, a linear list of the objects registered with __register_frame -- and XLA's CPU JIT
+# registers one per compiled executable.  In a process holding 300 jitted functions a throwing
+# draw cost ~190 µs instead of ~13 µs (and ~1 ms in the long benchmark process).  The private
+# unwinder's registry is empty, so it goes straight to the loader's table (_dl_find_object /
+# PT_GNU_EH_FRAME).  -static-libgcc alone is not enough: __cxa_throw lives in libstdc++ and
+# would still unwind with libgcc_s.  Exceptions never leave the library (every entry point
+# catches), so the two runtimes do not meet.  When the toolchain cannot link statically (no
+# libstdc++.a, or a compiler without these flags) the library is linked against the shared
+# runtime instead, and its build record says so.
+STATIC_RUNTIME_FLAGS = ("-static-libgcc", "-static-libstdc++", "-Wl,--exclude-libs,ALL")
+
 
 @dataclass(frozen=True)
 class Toolchain:
@@ -52,10 +66,13 @@ class Toolchain:
             flags.append(EXACT_HVP_FLAG)
         return flags
 
-    def link_flags(self) -> list[str]:
+    def link_flags(self, static_runtime: bool = True) -> list[str]:
+        """Linker flags for a model library; ``static_runtime`` adds
+        :data:`STATIC_RUNTIME_FLAGS` (a private C++ runtime and unwinder, see there)."""
         # --no-undefined: a symbol missing from the Stan libraries fails the link, not the load.
-        return [f"-L{self.lib_dir}", *LINK_LIBRARIES, f"-Wl,-rpath,{self.lib_dir}",
-                "-Wl,--no-undefined"]
+        flags = [f"-L{self.lib_dir}", *LINK_LIBRARIES, f"-Wl,-rpath,{self.lib_dir}",
+                 "-Wl,--no-undefined"]
+        return flags + list(STATIC_RUNTIME_FLAGS) if static_runtime else flags
 
     @property
     def fingerprint(self) -> str:
@@ -71,6 +88,15 @@ def glue_fingerprint() -> str:
     """A short hash of the bridge's C++ source: the glue object and every model library linked
     with it are rebuilt when it changes (the precompiled header is not)."""
     return hashlib.sha256(GLUE_SOURCE.read_bytes()).hexdigest()[:12]
+
+
+def library_fingerprint() -> str:
+    """A short hash of everything besides the model's code that goes into a model library: the
+    glue's source and the link flags (a change to either gives every model a new cache entry)."""
+    h = hashlib.sha256(glue_fingerprint().encode())
+    for part in (*LINK_LIBRARIES, *STATIC_RUNTIME_FLAGS):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:12]
 
 
 def _httpstan_dir() -> Path:

@@ -29,6 +29,53 @@ from stanvi.targets.base import BatchResult, OracleCounter, as_batch
 
 HVP_METHODS = ("auto", "exact", "finite_difference")
 
+# Slots of the state shared with the XLA FFI handlers (stanvi/stan/glue/stanvi_ffi.cpp, enum Slot).
+_FFI_MAGIC = 0x5354414E56494646  # "STANVIFF"
+(_SLOT_MAGIC, _SLOT_LOG_DENSITY, _SLOT_GRADIENT, _SLOT_HVP, _SLOT_NANOSECONDS, _SLOT_THREADS,
+ _SLOT_HVP_MODE, _SLOT_MODEL, _SLOT_DIM, _SLOT_LOG_DENSITY_FN, _SLOT_GRADIENT_FN, _SLOT_HVP_FN,
+ _N_SLOTS) = range(13)
+_KIND_SLOT = {"log_density": _SLOT_LOG_DENSITY, "gradient": _SLOT_GRADIENT, "hvp": _SLOT_HVP}
+
+
+class _SharedOracleCounter(OracleCounter):
+    """An :class:`OracleCounter` that also counts the draws the XLA FFI handlers evaluate.
+
+    The handlers add their draws and nanoseconds (atomically, in C++) to slots of the target's
+    shared state; this counter's fields read as the Python-side counts plus those slots, so
+    ``counter.gradient``, ``snapshot()``, ``seconds`` and ``reset()`` cover both paths.  Python
+    never writes the C++ slots: ``reset()`` and assignments store the Python part as the
+    difference to them."""
+
+    def __init__(self, state: np.ndarray) -> None:
+        object.__setattr__(self, "_shared", state)
+        object.__setattr__(self, "_own", {"log_density": 0, "gradient": 0, "hvp": 0, "seconds": 0.0})
+        super().__init__()
+
+    def _shared_value(self, kind: str) -> int | float:
+        if kind == "seconds":
+            return int(self._shared[_SLOT_NANOSECONDS]) * 1e-9
+        return int(self._shared[_KIND_SLOT[kind]])
+
+    def _get(kind: str):  # noqa: N805  (builds the properties below)
+        def get(self) -> int | float:
+            return self._own[kind] + self._shared_value(kind)
+
+        def set_(self, value: int | float) -> None:
+            self._own[kind] = value - self._shared_value(kind)
+
+        return property(get, set_)
+
+    log_density = _get("log_density")
+    gradient = _get("gradient")
+    hvp = _get("hvp")
+    seconds = _get("seconds")
+    del _get
+
+    def add(self, kind: str, n: int, seconds: float = 0.0) -> None:
+        with self._lock:
+            self._own[kind] += int(n)
+            self._own["seconds"] += seconds
+
 
 class StanTarget:
     """A Stan model plus data, evaluated through its compiled library.
@@ -69,13 +116,16 @@ class StanTarget:
         self.library_path = Path(library)
         self.data_json = data_to_json(data)
         self.seed = int(seed)
+        # State shared with the XLA FFI handlers (see _SharedOracleCounter and jax_ffi.py).
+        self._ffi_state = np.zeros(_N_SLOTS, dtype=np.int64)
+        self._ffi_state[_SLOT_HVP_MODE] = -1
         self.threads = threads or default_threads()
-        self.counter = OracleCounter()
+        self.counter = _SharedOracleCounter(self._ffi_state)
         self._batched = BatchedLibrary(library)
         if hvp_method == "exact" and not self._batched.hvp_exact:
             raise ValueError(f"hvp_method='exact' needs the nested-autodiff build, but "
                              f"{self.library_path.name} is the finite-difference build")
-        self._hvp_fd: bool | None = {"exact": False, "finite_difference": True}.get(
+        self._hvp_fd = {"exact": False, "finite_difference": True}.get(
             hvp_method, None if self._batched.hvp_exact else True)
         try:
             self._bs = load_bridgestan_model(library, self.data_json, self.seed)
@@ -83,6 +133,13 @@ class StanTarget:
             raise data_error_from_stan(str(exc), self._model_name_guess()) from None
         self._handle = int(self._bs.model)
         self._dim = self._bs.param_unc_num()
+        self._ffi_state[_SLOT_MODEL] = self._handle
+        self._ffi_state[_SLOT_DIM] = self._dim
+        for slot, fn in ((_SLOT_LOG_DENSITY_FN, "stanvi_batch_log_density"),
+                         (_SLOT_GRADIENT_FN, "stanvi_batch_gradient"),
+                         (_SLOT_HVP_FN, "stanvi_batch_hvp")):
+            self._ffi_state[slot] = self._batched.function_address(fn)
+        self._ffi_state[_SLOT_MAGIC] = _FFI_MAGIC
         self._unc_names = [n for n in self._bs.param_unc_names() if n] if self._dim else []
         self._names = {(tp, gq): [n for n in self._bs.param_names(include_tp=tp, include_gq=gq) if n]
                        for tp in (False, True) for gq in (False, True)}
@@ -104,6 +161,34 @@ class StanTarget:
     @property
     def unconstrained_names(self) -> list[str]:
         return list(self._unc_names)
+
+    @property
+    def threads(self) -> int:
+        """Threads per batched call (TBB), used by the direct calls and the JAX bridge alike."""
+        return int(self._ffi_state[_SLOT_THREADS])
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        if int(value) < 1:
+            raise ValueError(f"threads must be >= 1, got {value}")
+        self._ffi_state[_SLOT_THREADS] = int(value)
+
+    @property
+    def _hvp_fd(self) -> bool | None:
+        """Finite-difference HVPs? None while ``"auto"`` has not decided (kept in the shared
+        state: the FFI handler decides the same way when its call comes first)."""
+        mode = int(self._ffi_state[_SLOT_HVP_MODE])
+        return None if mode < 0 else bool(mode)
+
+    @_hvp_fd.setter
+    def _hvp_fd(self, value: bool | None) -> None:
+        self._ffi_state[_SLOT_HVP_MODE] = -1 if value is None else int(bool(value))
+
+    @property
+    def ffi_state_address(self) -> int:
+        """Address of the state the XLA FFI handlers read (model handle, entry points, threads,
+        HVP mode) and count into; valid while this target is alive."""
+        return int(self._ffi_state.ctypes.data)
 
     @property
     def hvp_exact(self) -> bool:
@@ -148,10 +233,22 @@ class StanTarget:
     @functools.cached_property
     def jax_log_density(self):
         """This target's log density as a JAX-differentiable function of one point (D,); see
-        :mod:`stanvi.targets.jax_bridge`."""
-        from stanvi.targets.jax_bridge import jax_log_density  # noqa: PLC0415  (imports JAX)
+        :mod:`stanvi.targets.jax_bridge` (XLA FFI custom calls where available, else
+        ``pure_callback``; ``$STANVI_JAX_BRIDGE`` chooses)."""
+        return self.jax_log_density_with(None)
 
-        return jax_log_density(self)
+    def jax_log_density_with(self, backend: str | None = None):
+        """:attr:`jax_log_density` through a chosen bridge: ``"ffi"`` (XLA custom calls),
+        ``"callback"`` (``pure_callback``) or ``"auto"``/None (``$STANVI_JAX_BRIDGE``, default
+        FFI when available); see :mod:`stanvi.targets.jax_bridge`."""
+        from stanvi.targets.jax_bridge import jax_log_density  # noqa: PLC0415  (imports JAX)
+        from stanvi.targets.jax_ffi import resolve_backend  # noqa: PLC0415
+
+        resolved = resolve_backend(backend)
+        bridges = self.__dict__.setdefault("_jax_bridges", {})
+        if resolved not in bridges:
+            bridges[resolved] = jax_log_density(self, backend=resolved)
+        return bridges[resolved]
 
     def data_dict(self) -> dict[str, Any]:
         return data_to_dict(self.data_json or None)
