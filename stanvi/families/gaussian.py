@@ -68,6 +68,24 @@ class MeanField:
     def marginal_sd(self, params: jax.Array) -> jax.Array:
         return jnp.exp(self.split(params)[1])
 
+    def params_from_precision(self, mu: np.ndarray, precision: np.ndarray,
+                              log_scale0: float) -> np.ndarray:
+        """λ for N(μ, diag(1/Λ_ii)) — the mean-field optimum when p is Gaussian with precision Λ
+        (Bishop 2006, §10.1.2) — with ω_i = ``log_scale0`` where Λ_ii is not positive."""
+        d = np.diagonal(np.asarray(precision, dtype=float))
+        ok = np.isfinite(d) & (d > 0)
+        omega = np.where(ok, -0.5 * np.log(np.where(ok, d, 1.0)), float(log_scale0))
+        return np.concatenate([np.asarray(mu, dtype=float), omega])
+
+    def metric_scale(self, params: np.ndarray) -> np.ndarray:
+        """Square roots of the diagonal of q's Fisher information in λ = (μ, ω):
+        ``(1/σ, √2)`` (for N(μ, σ²), I_μμ = 1/σ², I_ωω = 2).  A trust region
+        ``‖scale ⊙ s‖ ≤ δ`` then bounds the KL divergence of a step by about δ²/2 and measures a
+        move of the mean in units of q's sd, whatever the units of the model's parameters
+        (Amari 1998, natural gradient; Conn, Gould & Toint 2000, §6.7, scaled trust regions)."""
+        omega = np.asarray(params, dtype=float)[self.dim:]
+        return np.concatenate([np.exp(-omega), np.full(self.dim, math.sqrt(2.0))])
+
 
 @dataclass(frozen=True)
 class FullRank:
@@ -136,6 +154,50 @@ class FullRank:
 
     def marginal_sd(self, params: jax.Array) -> jax.Array:
         return jnp.sqrt(jnp.diagonal(self.covariance(params)))
+
+    def params_from_precision(self, mu: np.ndarray, precision: np.ndarray,
+                              log_scale0: float) -> np.ndarray:
+        """λ for N(μ, Λ⁻¹) (L = chol(Λ⁻¹)) when the precision Λ is positive definite; otherwise
+        the mean-field rule (diagonal L with 1/√Λ_ii, ``exp(log_scale0)`` where Λ_ii ≤ 0)."""
+        prec = 0.5 * (np.asarray(precision, dtype=float) + np.asarray(precision, dtype=float).T)
+        rows, cols = self._tril()
+        try:
+            L = np.linalg.cholesky(np.linalg.inv(prec))
+            if not np.all(np.isfinite(L)):
+                raise np.linalg.LinAlgError("non-finite factor")
+        except np.linalg.LinAlgError:
+            d = np.diagonal(prec)
+            ok = np.isfinite(d) & (d > 0)
+            L = np.diag(np.where(ok, 1.0 / np.sqrt(np.where(ok, d, 1.0)), math.exp(log_scale0)))
+        vech = L[rows, cols].copy()
+        if self.diagonal == "log":
+            vech[rows == cols] = np.log(vech[rows == cols])
+        return np.concatenate([np.asarray(mu, dtype=float), vech])
+
+    def metric_scale(self, params: np.ndarray) -> np.ndarray:
+        """A diagonal, per-coordinate scale-invariant stand-in for q's Fisher information (see
+        :meth:`MeanField.metric_scale`): with ``s_i`` the sd of coordinate i under q (row norm
+        of L), ``1/s_i`` for μ_i and for the off-diagonal entries of row i of L, and for the
+        diagonal ``√2`` (log parameterization: ω_i = log L_ii) or ``√2/|L_ii|`` (Stan's).
+        Rescaling a model coordinate by c rescales μ_i, row i of L and s_i alike, so steps
+        measured in this norm do not depend on the model's units."""
+        p = np.asarray(params, dtype=float)
+        rows, cols = self._tril()
+        vech = p[self.dim:].copy()
+        diag = rows == cols
+        if self.diagonal == "log":
+            vech[diag] = np.exp(vech[diag])
+        L = np.zeros((self.dim, self.dim))
+        L[rows, cols] = vech
+        sd = np.sqrt(np.sum(L * L, axis=1))
+        sd = np.where(sd > 0, sd, 1.0)
+        tri = 1.0 / sd[rows]
+        if self.diagonal == "log":
+            tri[diag] = math.sqrt(2.0)
+        else:
+            d = np.abs(vech[diag])
+            tri[diag] = math.sqrt(2.0) / np.where(d > 0, d, sd)
+        return np.concatenate([1.0 / sd, tri])
 
 
 FAMILIES = {"meanfield": MeanField, "fullrank": FullRank}

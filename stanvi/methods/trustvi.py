@@ -60,6 +60,8 @@ from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, stan
 from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
                                    purpose_key)
 from stanvi.methods.context import RunContext
+from stanvi.methods.refine import refine
+from stanvi.methods.warm_start import laplace_start
 from stanvi.optim.dense_tr import TRResult, solve_dense_tr
 from stanvi.optim.gltr import solve_gltr, solve_subspace_reuse
 from stanvi.optim.jackknife import jackknife_snr, update_replication
@@ -109,6 +111,15 @@ class Options:
     warmup: bool = False              # accept nothing until δ has grown and shrunk once [R]
     ineq11_factor_two: bool = True    # [R] omits the factor 2 of Inequality 11
     n_change_policy: str = "retrospective"  # 'retrospective' (§4.6) | 'reference' [R]
+    # stanvi's additions for ill-conditioned posteriors (docs/algorithms.md, "TrustVI")
+    metric: str = "euclidean"         # trust-region norm: 'euclidean' [P] | 'fisher' (q's Fisher diagonal) [C]
+    certify_tol: float | None = None  # before stopping on tol_model, re-solve to this residual [C]
+    gain_estimate: str = "plugin"     # Newton gain for tol_model: 'plugin' ½ḡᵀB⁻¹ḡ | 'split' ½g_aᵀB⁻¹g_b [C]
+    warm_start: str = "none"          # 'none' | 'laplace': L-BFGS mode + Hessian scales [C]
+    refine_draws: int | None = None   # after the stop, refine on this many fixed draws [C]
+    refine_hess: int = 256            # ... Hessian-vector products on the first this many [C]
+    refine_tol: float = 1e-3          # ... until the Newton decrement is below this (nats) [C]
+    refine_max_iters: int = 30        # ... at most this many Newton iterations [C]
 
     def __post_init__(self) -> None:
         # A misspelt choice must not silently select another behaviour (e.g. reuse_mode
@@ -120,7 +131,10 @@ class Options:
                               ("fullrank_diagonal", ("log", "stan")),
                               ("acceptance", ("paper", "ratio")),
                               ("radius_rule", ("paper", "reference")),
-                              ("n_change_policy", ("retrospective", "reference"))):
+                              ("n_change_policy", ("retrospective", "reference")),
+                              ("metric", ("euclidean", "fisher")),
+                              ("gain_estimate", ("plugin", "split")),
+                              ("warm_start", ("none", "laplace"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"trustvi option {name}={getattr(self, name)!r} is not one of "
                                  f"{list(choices)}")
@@ -130,7 +144,9 @@ PROFILES: dict[str, dict] = {
     "paper": {},
     "default": {"n_grad": 16, "n_hess": 8, "n_change0": 16, "r_max": 64, "n_change_max": 1024,
                 "delta0": 1.0, "tol_model_iters": 3, "tol_interior": 0.1, "tol_boundary": 0.3,
-                "max_iters": 1000, "tol_model": 0.25, "norm_test": 1.0},
+                "max_iters": 1000, "tol_model": 0.25, "norm_test": 1.0,
+                "metric": "fisher", "certify_tol": 1e-6, "gain_estimate": "split",
+                "refine_draws": 4096, "warm_start": "laplace", "delta_min": 1e-2},
     # faithful to the authors' code [R] (spec §4.9), for ablations
     "reference_code": {"acceptance": "ratio", "radius_rule": "reference", "warmup": True,
                        "ineq11_factor_two": False, "lam": 2.0, "nu1": 1.0, "zeta1": 2.0 / 3.0,
@@ -140,6 +156,7 @@ DEFAULT_PROFILE = "default"
 
 
 def _solve(options: Options, hvp, c: np.ndarray, delta: float):
+    """The trust-region subproblem min cᵀs + ½sᵀBs, ‖s‖ ≤ δ, by the option's solver."""
     if options.solver == "gltr":
         return solve_gltr(hvp, c, delta, tol_interior=options.tol_interior,
                           tol_boundary=options.tol_boundary)
@@ -162,6 +179,38 @@ def _solve_dense(hvp, c: np.ndarray, delta: float):
     r = solve_dense_tr(B, c, delta)
     return TRResult(r.h, float(r.q_value), p, not r.interior, r.hard_case, None, None,
                     "boundary" if not r.interior else "converged")
+
+
+def _scaled_problem(neg_hvp, c: np.ndarray, scale: np.ndarray | None):
+    """The subproblem in the variables t = scale ⊙ s, so that the Euclidean ball ‖t‖ ≤ δ is the
+    ellipsoid ‖scale ⊙ s‖ ≤ δ (a scaled trust region, Conn, Gould & Toint 2000, §6.7): gradient
+    c/scale, operator v ↦ B(v/scale)/scale.  The model values are the same in both variables."""
+    if scale is None:
+        return neg_hvp, c
+    return (lambda v: neg_hvp(v / scale) / scale), c / scale
+
+
+def _certified_gain(hvp, c: np.ndarray, tol: float,
+                    c_other: np.ndarray | None = None) -> tuple[float, int]:
+    """The Newton gain ½cᵀB⁻¹c of the current model, solved to relative residual ``tol`` over
+    the whole space (at most ``len(c)`` Lanczos steps), and the operator applications spent;
+    ``inf`` when the model is not concave.  A truncated solve can underestimate the gain by
+    orders of magnitude on an ill-conditioned model (the residual is small while the step along
+    low-curvature directions is not), which is how a stop on the model's prediction used to fire
+    tens of nats short of the optimum.
+
+    With ``c_other`` (the gradient of an independent half of the draws, ``c`` that of the other
+    half), the cross term ½c_otherᵀB⁻¹c instead: E[½ḡᵀB⁻¹ḡ] = ½∇ᵀB⁻¹∇ + tr(B⁻¹Σ)/(2n) carries
+    the noise of the gradient, which near the optimum of an ill-conditioned model stays near a
+    nat however long the run, while the cross term of two independent halves is unbiased for
+    ½∇ᵀB⁻¹∇ (it can be negative; it then counts as small)."""
+    sol = solve_gltr(hvp, c, 1e300, tol_interior=tol, tol_boundary=tol, max_krylov=len(c))
+    if sol.status == "non_finite" or sol.on_boundary or not np.isfinite(sol.q_value):
+        return float("inf"), sol.n_hvp
+    if c_other is None:
+        return -float(sol.q_value), sol.n_hvp
+    # sol.s = −B⁻¹c, so ½ c_otherᵀB⁻¹c = −½ c_otherᵀ s
+    return -0.5 * float(c_other @ sol.s), sol.n_hvp
 
 
 def _newton_gain(sol: TRResult, c: np.ndarray, m_prime: float) -> float:
@@ -195,6 +244,13 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         mu0 = np.zeros(dim) if o.init == "zero" else context.random_init_mu
     params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
     ledger = OracleLedger()
+    start_info: dict = {}
+    if o.warm_start == "laplace" and target is None:
+        start_info = {"warm_start": "default", "warm_start_reason": "no target to search"}
+    elif o.warm_start == "laplace":
+        params, start_info = laplace_start(target, family, est, mu0, params,
+                                           key=purpose_key(key, 0, "init"), ledger=ledger,
+                                           log_scale0=o.log_scale0)
     trace = Trace(compile_clock=compile_clock(est))
     trace.record(0, params, ledger, delta=o.delta0)
 
@@ -253,17 +309,35 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         def neg_hvp(v, _eps=eps_h):
             return -est.hvp(params, _eps, v)
 
-        c = -g
+        # the trust region ‖scale ⊙ s‖ ≤ δ: solved in t = scale ⊙ s (scale = 1: the paper's ball;
+        # the same after a rejection, since λ has not moved, so reused subspaces stay valid)
+        scale = family.metric_scale(params) if o.metric == "fisher" else None
+        op, c = _scaled_problem(neg_hvp, -g, scale)
         if not fresh and o.reuse_mode == "subspace" and last_solution is not None \
                 and last_solution.Q is not None:
-            sol = solve_subspace_reuse(neg_hvp, c, delta, last_solution.Q, last_solution.T)
+            sol = solve_subspace_reuse(op, c, delta, last_solution.Q, last_solution.T)
         else:
-            sol = _solve(o, neg_hvp, c, delta)
+            sol = _solve(o, op, c, delta)
         ledger.hvp(n_h, sol.n_hvp)
         m_prime = -float(sol.q_value)
         s = np.asarray(sol.s, dtype=float)
         step_norm = float(np.linalg.norm(s))
+        if scale is not None:
+            s = s / scale
         newton_gain = _newton_gain(sol, c, m_prime)
+        certified = False
+        n_cert = 0
+        if (o.tol_model is not None and o.certify_tol is not None and newton_gain < o.tol_model
+                and sol.status != "non_finite"):
+            if o.gain_estimate == "split" and ge.per_draw.shape[0] >= 4:
+                half = ge.per_draw.shape[0] // 2
+                _, c_a = _scaled_problem(neg_hvp, -ge.per_draw[:half].mean(axis=0), scale)
+                _, c_b = _scaled_problem(neg_hvp, -ge.per_draw[half:].mean(axis=0), scale)
+                newton_gain, n_cert = _certified_gain(op, c_a, o.certify_tol, c_b)
+            else:
+                newton_gain, n_cert = _certified_gain(op, c, o.certify_tol)
+            ledger.hvp(n_h, n_cert)
+            certified = True
 
         # 4-5. λ-test, ELBO-change estimate, acceptance -------------------------------------
         warming_up = in_warmup
@@ -330,7 +404,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                      n_hvp=sol.n_hvp, n_hess=n_h, hessian_fresh=fresh, accepted=accepted, failure=failure,
                      grad_norm=float(np.linalg.norm(g)), theta_hat=float(jk.theta_hat),
                      jackknife_sd=float(jk.sd), elbo=elbo_here, solver_status=sol.status,
-                     warmup=warming_up, newton_gain=newton_gain)
+                     warmup=warming_up, newton_gain=newton_gain, certified=certified,
+                     n_hvp_certify=n_cert)
         context.progress.update(k, elbo=elbo_here, oracle=ledger.scaled, delta=delta)
 
         # converged-in-model: the quadratic model's Newton step (not the radius-limited step)
@@ -355,6 +430,44 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
             status, message = "budget", f"oracle budget {context.max_oracle_calls} spent"
             break
 
+    info = {**counts, **start_info, "final_delta": delta, "final_r": r, "final_n_change": n_change}
+    if status == "converged" and o.refine_draws:
+        params, status, message = _refine_after_stop(est, family, params, o, key, ledger, trace,
+                                                     k, delta, message, info)
     return MethodResult(params=params, trace=trace, ledger=ledger, status=status, message=message,
-                        info={**counts, "final_delta": delta, "final_r": r,
-                              "final_n_change": n_change})
+                        info=info)
+
+
+def _refine_after_stop(est, family, params, o: Options, key, ledger, trace, k: int,
+                       delta: float, message: str, info: dict):
+    """Certify the stop by refining on ``refine_draws`` fixed draws
+    (:func:`stanvi.methods.refine.refine`); the refinement's iterations continue the trace
+    (``phase="refine"``).  Returns (params, status, message): ``converged`` only when the
+    fixed-draw Newton decrement fell below ``refine_tol``; otherwise ``max_iters`` with the
+    reason, and the refined iterate (never worse on the fixed draws than the stopping point)."""
+    def record(it, p, elbo, decrement, radius):
+        trace.record(k + it, p, ledger, phase="refine", elbo=elbo, newton_gain=decrement,
+                     delta=radius)
+
+    # retrospective approximation (Pasupathy 2010): a cheap stage on fewer draws solved to its
+    # own statistical accuracy (~P/(2N) nats), then the certifying stage warm-started from it
+    stages = [n for n in (o.refine_draws // 8,) if n >= 256] + [o.refine_draws]
+    gain = 0.0
+    iterations = 0
+    radius = max(delta, 0.5)
+    for i, n in enumerate(stages):
+        final = i == len(stages) - 1
+        tol = o.refine_tol if final else max(o.refine_tol, 0.5 * len(params) / n)
+        res = refine(est, family, params, key=purpose_key(key, i, "refine"), ledger=ledger,
+                     n_draws=n, n_hess=min(o.refine_hess, n), tol=tol,
+                     max_iters=o.refine_max_iters, delta0=radius,
+                     max_drops=o.max_gradient_drops_factor * n, metric=o.metric,
+                     on_iteration=lambda it, *a, _done=iterations: record(_done + it, *a))
+        params, gain, iterations = res.params, gain + res.gain, iterations + res.iterations
+        if not res.converged:
+            break
+    info.update(refine_iterations=iterations, refine_gain=gain, refine_decrement=res.decrement)
+    if res.converged:
+        return res.params, "converged", f"{message}; refined: {res.message}"
+    return res.params, "max_iters", (f"TrustVI's stopping rule fired ({message}) but the "
+                                     f"refinement could not certify convergence: {res.message}")

@@ -1,0 +1,132 @@
+"""Final refinement of a variational fit on a fixed sample: a deterministic trust-region Newton
+method on the sample-average ELBO (stanvi's addition to TrustVI, docs/algorithms.md, "TrustVI:
+the certified stop").
+
+Why.  A stochastic method stops on noisy evidence: its last iterate carries the Monte Carlo noise
+of its last small batches (on ``a ~ normal(5, 1)`` the mean ended up to 0.26 sd off and the sd up
+to 34% off while the ELBO was within 0.1 nat), and a stopping test on a noisy quadratic model can
+fire early.  With a *fixed* set of N base draws ε₁..ε_N, the sample-average ELBO
+
+    L̂_N(λ) = (1/N) Σ_j [log p(g(λ, ε_j))] + H(q_λ)
+
+is a deterministic smooth function (the sample-average approximation, Shapiro, Dentcheva &
+Ruszczyński 2009, ch. 5; Kim, Pasupathy & Henderson 2015), whose maximizer is within
+O_p(N^{-1/2}) of the ELBO's: for a Gaussian target, the mean of the mean-field SAA optimum is
+off by σ·N(0, 1/N) per coordinate (0.016 sd at N = 4,096) and its sd by about (2N)^{-1/2}
+(1.1%).  A trust-region Newton method (Nocedal & Wright 2006, Algorithm 4.1, with the subproblem
+solved by GLTR, Gould, Lucidi, Roma & Toint 1999) converges on L̂_N with exact function values
+and gradients, so its stopping test — the Newton decrement ½ gᵀB⁻¹g of L̂_N below ``tol`` — is
+a certificate, not a guess: ``converged`` then means converged to the optimum of a known
+N-draw objective.
+
+Hessian-vector products use the first ``n_hess`` of the N draws (an inexact Newton method with
+an exact gradient still converges to the SAA optimum, Byrd, Chin, Neveitt & Nocedal 2011,
+"subsampled Hessian Newton"); the trust region is measured in q's Fisher metric (see
+:meth:`stanvi.families.gaussian.MeanField.metric_scale`).
+
+Draws where the model fails at the starting point are replaced before the loop (Stan's
+drop-and-redraw rule, at most ``max_drops`` of them); a step at which any of the N draws fails is
+rejected and the radius shrinks, so every accepted iterate has a finite L̂_N.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from stanvi.estimators.elbo import GradientFailure, valid_draws
+from stanvi.methods.common import OracleLedger
+from stanvi.optim.gltr import solve_gltr
+
+
+class RefineResult(NamedTuple):
+    params: np.ndarray
+    converged: bool
+    iterations: int
+    decrement: float        # the last Newton decrement ½gᵀB⁻¹g of L̂_N (nats), inf if unknown
+    gain: float             # L̂_N(final) − L̂_N(start) (nats)
+    message: str
+
+
+def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLedger,
+           n_draws: int = 4096, n_hess: int = 256, tol: float = 1e-3, max_iters: int = 30,
+           delta0: float = 1.0, max_drops: int | None = None, metric: str = "fisher",
+           on_iteration=None) -> RefineResult:
+    """Maximize the fixed-draw ELBO L̂_N from ``params`` by trust-region Newton-GLTR (module
+    docstring).  Returns the final parameters and whether the Newton decrement fell below
+    ``tol`` within ``max_iters`` iterations.
+
+    Trust-region constants are the textbook ones (Nocedal & Wright 2006, Algorithm 4.1): accept
+    when ρ = ΔL̂/m' > 0.1; shrink δ by 4 when ρ < 1/4; double it when ρ > 3/4 and the step is on
+    the boundary.  The GLTR solve uses relative residual 1e-4 (at most 2P Lanczos steps), so
+    the decrement is that of the model, not of a truncated Krylov step.
+    """
+    max_drops = 10 * n_draws if max_drops is None else max_drops
+    try:
+        eps, screened = valid_draws(est, params, key, n_draws, max_drops)
+    except GradientFailure as exc:
+        return RefineResult(params, False, 0, float("inf"), 0.0,
+                            f"the refinement sample could not be drawn: {exc}")
+    ledger.screening(screened)
+    eps_h = eps[: min(n_hess, n_draws)]
+    delta = float(delta0)
+    gain = 0.0
+    decrement = float("inf")
+    for it in range(1, max_iters + 1):
+        values, grads = est.values_and_grads(params, eps)
+        ledger.gradient(n_draws)
+        g = grads.mean(axis=0)
+        if not (np.all(np.isfinite(values)) and np.all(np.isfinite(g))):
+            return RefineResult(params, False, it, float("inf"), gain,
+                                "the model failed at a refinement draw at an accepted iterate")
+        scale = family.metric_scale(params) if metric == "fisher" else np.ones_like(params)
+
+        def op(v, _p=params, _scale=scale):
+            return -est.hvp(_p, eps_h, v / _scale) / _scale
+
+        c = -g / scale
+        newton = solve_gltr(op, c, 1e300, tol_interior=1e-4, tol_boundary=1e-4,
+                            max_krylov=2 * len(c))
+        ledger.hvp(len(eps_h), newton.n_hvp)
+        if newton.status == "non_finite":
+            return RefineResult(params, False, it, float("inf"), gain,
+                                "a Hessian-vector product of the refinement was not finite")
+        decrement = float("inf") if newton.on_boundary else -float(newton.q_value)
+        if on_iteration is not None:
+            on_iteration(it, params, float(values.mean()), decrement, delta)
+        if decrement < tol:
+            return RefineResult(params, True, it, decrement, gain,
+                                f"Newton decrement {decrement:.2g} < {tol:g} nats on "
+                                f"{n_draws} fixed draws")
+        # the trust-region step (the Newton step itself when it fits)
+        if np.isfinite(decrement) and np.linalg.norm(newton.s) <= delta:
+            t, m_prime, boundary = newton.s, decrement, False
+        else:
+            sol = solve_gltr(op, c, delta, tol_interior=1e-4, tol_boundary=1e-2,
+                             max_krylov=2 * len(c))
+            ledger.hvp(len(eps_h), sol.n_hvp)
+            t, m_prime, boundary = sol.s, -float(sol.q_value), sol.on_boundary
+        step = np.asarray(t, dtype=float) / scale
+        change = est.pair_differences(params + step, params, eps)
+        ledger.elbo_change(n_draws)
+        if not np.all(np.isfinite(change)) or not m_prime > 0:
+            delta /= 4.0
+        else:
+            dl = float(change.mean())
+            rho = dl / m_prime
+            if rho > 0.1:
+                params = params + step
+                gain += dl
+            if rho < 0.25:
+                delta = float(np.linalg.norm(t)) / 4.0
+            elif rho > 0.75 and boundary:
+                delta = 2.0 * delta
+        if delta < 1e-10:
+            return RefineResult(params, False, it, decrement, gain,
+                                "the refinement's trust region collapsed (no step improves the "
+                                "fixed-draw ELBO)")
+    return RefineResult(params, False, max_iters, decrement, gain,
+                        f"the refinement did not reach a Newton decrement below {tol:g} nats "
+                        f"in {max_iters} iterations (last {decrement:.3g})")
