@@ -146,7 +146,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "target":
         from stanvi.bench import target_bench  # noqa: PLC0415
 
-        target_bench.run(Path(args.models_dir), cold=not args.no_cold, batch=args.batch)
+        target_bench.run(Path(args.models_dir), cold=not args.no_cold, batch=args.batch,
+                         compiles=args.compiles)
         return 0
     if args.what == "methods":
         from stanvi.bench import methods_bench  # noqa: PLC0415
@@ -157,6 +158,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         methods_bench.run(Path(args.models_dir), models=args.models.split(",") if args.models else None,
                           seeds=args.seeds, configs=configs, budget=args.budget,
                           output=Path(args.output) if args.output else None, resume=args.resume)
+        return 0
+    if args.what == "stopping":
+        from stanvi.bench import stopping_bench  # noqa: PLC0415
+
+        configs = stopping_bench.DEFAULT_CONFIGS
+        if args.configs:  # ';' separates configurations whose options contain ','
+            sep = ";" if ";" in args.configs else ","
+            configs = tuple(c for c in args.configs.split(sep) if c)
+        stopping_bench.run(Path(args.models_dir),
+                           models=args.models.split(",") if args.models else None,
+                           seeds=args.seeds, configs=configs,
+                           output=Path(args.output) if args.output else None)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")
 
@@ -236,12 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
-    p.add_argument("what", choices=["target", "methods"],
+    p.add_argument("what", choices=["target", "methods", "stopping"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
-                        "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol)")
+                        "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
+                        "stopping: does 'converged' mean converged (against stored optima)")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
+    p.add_argument("--compiles", type=int, default=300,
+                   help="target: XLA compilations before timing C++ exceptions (0: skip; default 300)")
     p.add_argument("--models", default=None, help="methods: comma-separated model names (default: all)")
     p.add_argument("--seeds", type=int, default=5, help="methods: runs per method and model (default 5)")
     p.add_argument("--configs", default=None,

@@ -218,3 +218,27 @@ def test_backend_selection(eight_schools, monkeypatch):
     assert eight_schools.jax_log_density_with(None).backend == "callback"
     monkeypatch.setenv("STANVI_JAX_BRIDGE", "ffi")
     assert eight_schools.jax_log_density_with(None).backend == "ffi"
+
+
+def test_platform_switch_used_when_an_accelerator_is_present(compiled, monkeypatch):
+    """With an accelerator, each call is a lax.platform_dependent of the FFI call (CPU) and
+    pure_callback (elsewhere); on the CPU it must still give the FFI results."""
+    from stanvi.targets import jax_bridge  # noqa: PLC0415
+
+    model = compiled("eight_schools")
+    t = stanvi.load(model, data_file("eight_schools"), progress=False, hvp_method="exact")
+    monkeypatch.setattr(jax_bridge, "_only_cpu_devices", lambda: False)
+    switched = jax_bridge.jax_log_density(t, backend="ffi")
+    plain = t.jax_log_density_with("callback")
+    z = jnp.asarray(random_points(t, 6, seed=28))
+    v = jnp.ones_like(z)
+    grad = jax.grad(switched)
+    fn = jax.jit(jax.vmap(lambda a, b: (jax.value_and_grad(switched)(a), jax.jvp(grad, (a,), (b,)))))
+    hlo = fn.lower(z, v).as_text()
+    assert "stanvi_gradient" in hlo and "stanvi_hvp" in hlo
+    before = t.counter.snapshot()
+    out = fn(z, v)
+    assert _delta(before, t.counter.snapshot()) == {"log_density": 0, "gradient": 6, "hvp": 6}
+    grad_cb = jax.grad(plain)
+    ref = jax.vmap(lambda a, b: (jax.value_and_grad(plain)(a), jax.jvp(grad_cb, (a,), (b,))))(z, v)
+    _assert_same(out, ref)

@@ -53,10 +53,12 @@ class CompiledModel:
 
 
 def compile_model(model: str | os.PathLike, *, name: str | None = None, progress: bool = True,
-                  force: bool = False) -> CompiledModel:
+                  force: bool = False, static_runtime: bool = True) -> CompiledModel:
     """Compile a Stan program (a `.stan` path, or Stan code as a string) to a model library.
 
     Results are cached by content (see :mod:`stanvi.stan.cache`); ``force=True`` rebuilds.
+    ``static_runtime=False`` links the shared C++ runtime and unwinder instead of private copies
+    (only to measure what the private ones save, see ``toolchain.STATIC_RUNTIME_FLAGS``).
     Raises :class:`StanCompileError` with stanc's message and line for an invalid program, and
     :class:`ToolchainError` when the C++ toolchain is missing.
     """
@@ -64,7 +66,8 @@ def compile_model(model: str | os.PathLike, *, name: str | None = None, progress
     name = _model_name(name or (Path(path).stem if path else "model"))
     toolchain = find_toolchain()
     tc_dir = cache_root() / toolchain.fingerprint
-    entry = tc_dir / "models" / f"{name}-{model_key(code + library_fingerprint(), name)}"
+    key = model_key(code + library_fingerprint(static_runtime), name)
+    entry = tc_dir / "models" / f"{name}-{key}"
     if not force:
         found = _load_record(entry)
         if found is not None:
@@ -74,7 +77,7 @@ def compile_model(model: str | os.PathLike, *, name: str | None = None, progress
             found = _load_record(entry)  # another process may have built it while we waited
             if found is not None:
                 return found
-        return _build(code, path, name, entry, toolchain, tc_dir, progress)
+        return _build(code, path, name, entry, toolchain, tc_dir, progress, static_runtime)
 
 
 def _read_program(model: str | os.PathLike) -> tuple[str, str | None]:
@@ -119,7 +122,7 @@ def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
 
 
 def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolchain,
-           tc_dir: Path, progress: bool) -> CompiledModel:
+           tc_dir: Path, progress: bool, static_runtime: bool = True) -> CompiledModel:
     entry.mkdir(parents=True, exist_ok=True)
     (entry / _BUILD_RECORD).unlink(missing_ok=True)
     stan_file = entry / "model.stan"
@@ -145,9 +148,8 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
                 continue
             bar.stage("linking")
             tmp = entry / f".lib{name}.{os.getpid()}.so"
-            static_runtime = True
             link = _link(toolchain, tmp, obj, flag_dir, static_runtime)
-            if link.returncode != 0:  # e.g. no libstdc++.a: link with the shared runtime
+            if link.returncode != 0 and static_runtime:  # e.g. no libstdc++.a: shared runtime
                 static_runtime = False
                 link = _link(toolchain, tmp, obj, flag_dir, static_runtime)
             obj.unlink(missing_ok=True)

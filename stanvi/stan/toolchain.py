@@ -90,11 +90,11 @@ def glue_fingerprint() -> str:
     return hashlib.sha256(GLUE_SOURCE.read_bytes()).hexdigest()[:12]
 
 
-def library_fingerprint() -> str:
+def library_fingerprint(static_runtime: bool = True) -> str:
     """A short hash of everything besides the model's code that goes into a model library: the
     glue's source and the link flags (a change to either gives every model a new cache entry)."""
     h = hashlib.sha256(glue_fingerprint().encode())
-    for part in (*LINK_LIBRARIES, *STATIC_RUNTIME_FLAGS):
+    for part in (*LINK_LIBRARIES, *(STATIC_RUNTIME_FLAGS if static_runtime else ("shared",))):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:12]
 

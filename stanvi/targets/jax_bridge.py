@@ -46,6 +46,11 @@ def _flatten(z: np.ndarray, dim: int) -> tuple[np.ndarray, tuple[int, ...]]:
     return np.ascontiguousarray(arr.reshape(-1, dim)), batch_shape
 
 
+def _only_cpu_devices() -> bool:
+    """True when JAX has no accelerator (every program is lowered for the CPU)."""
+    return all(d.platform == "cpu" for d in jax.devices())
+
+
 def jax_log_density(target: Target, backend: str | None = None
                     ) -> Callable[[jax.Array], jax.Array]:
     """``target``'s log density as a JAX function of one point (D,), batched under ``vmap``.
@@ -86,23 +91,28 @@ def jax_log_density(target: Target, backend: str | None = None
         vector = jax.ShapeDtypeStruct(z.shape, jnp.float64)
         return (scalar, *([vector] * len(extra)))
 
-    if use_ffi:
-        ffi_value, ffi_value_grad, ffi_value_grad_hvp = jax_ffi.ffi_calls(state_address)
-
-    def call_value(z):
-        if use_ffi:
-            return ffi_value(z)
+    def cb_value(z):
         return jax.pure_callback(value_cb, shapes(z)[0], z, vmap_method="broadcast_all")
 
-    def call_value_grad(z):
-        if use_ffi:
-            return ffi_value_grad(z)
+    def cb_value_grad(z):
         return jax.pure_callback(value_grad_cb, shapes(z, 1), z, vmap_method="broadcast_all")
 
-    def call_value_grad_hvp(z, v):
-        if use_ffi:
-            return ffi_value_grad_hvp(z, v)
+    def cb_value_grad_hvp(z, v):
         return jax.pure_callback(hvp_cb, shapes(z, 1, 1), z, v)
+
+    call_value, call_value_grad, call_value_grad_hvp = cb_value, cb_value_grad, cb_value_grad_hvp
+    if use_ffi:
+        ffi = jax_ffi.ffi_calls(state_address)
+        if _only_cpu_devices():
+            call_value, call_value_grad, call_value_grad_hvp = ffi
+        else:
+            # The handlers are registered for the CPU only: a program lowered for an accelerator
+            # takes the pure_callback branch (chosen when it is lowered, not at run time).
+            def on_cpu(ffi_fn, cb_fn):
+                return lambda *args: jax.lax.platform_dependent(*args, cpu=ffi_fn, default=cb_fn)
+
+            call_value, call_value_grad, call_value_grad_hvp = (
+                on_cpu(f, c) for f, c in zip(ffi, (cb_value, cb_value_grad, cb_value_grad_hvp)))
 
     @jax.custom_batching.custom_vmap
     def value_gradient_hvp(z, v):
