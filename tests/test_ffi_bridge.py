@@ -242,3 +242,23 @@ def test_platform_switch_used_when_an_accelerator_is_present(compiled, monkeypat
     grad_cb = jax.grad(plain)
     ref = jax.vmap(lambda a, b: (jax.value_and_grad(plain)(a), jax.jvp(grad_cb, (a,), (b,))))(z, v)
     _assert_same(out, ref)
+
+
+def test_function_keeps_its_target_alive_and_released_state_errors(compiled):
+    """A bridge function keeps its target alive; raw FFI calls on the state of a collected
+    target raise (the model slot is zeroed) instead of touching a destroyed model."""
+    import gc  # noqa: PLC0415
+
+    model = compiled("gaussian")
+    t = stanvi.load(model, data_file("gaussian"), progress=False, hvp_method="exact")
+    z = jnp.asarray(random_points(t, 3, seed=29))
+    expected = t.log_density_gradient(np.asarray(z)).gradient
+    f = jax.jit(jax.vmap(jax.grad(t.jax_log_density_with("ffi"))))
+    raw_value, _, _ = jax_ffi.ffi_calls(t.ffi_state_address)  # holds no reference
+    del t
+    gc.collect()
+    np.testing.assert_array_equal(np.asarray(f(z)), expected)
+    del f
+    gc.collect()
+    with pytest.raises(Exception, match="released"):
+        jax.block_until_ready(jax.jit(raw_value)(z))

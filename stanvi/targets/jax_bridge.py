@@ -102,7 +102,7 @@ def jax_log_density(target: Target, backend: str | None = None
 
     call_value, call_value_grad, call_value_grad_hvp = cb_value, cb_value_grad, cb_value_grad_hvp
     if use_ffi:
-        ffi = jax_ffi.ffi_calls(state_address)
+        ffi = jax_ffi.ffi_calls(state_address, owner=target)
         if _only_cpu_devices():
             call_value, call_value_grad, call_value_grad_hvp = ffi
         else:

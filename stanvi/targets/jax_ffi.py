@@ -124,10 +124,12 @@ def resolve_backend(backend: str | None) -> str:
     return "callback"
 
 
-def ffi_calls(state_address: int):
+def ffi_calls(state_address: int, owner: object = None):
     """``(log_density, value_grad, value_grad_hvp)``: functions of points z (..., D) (and
     directions v of the same shape) returning arrays like the bridge's callbacks, each one XLA
-    custom call.  ``state_address`` is the target's shared state (see the module docstring)."""
+    custom call.  ``state_address`` is the target's shared state (see the module docstring);
+    the functions keep ``owner`` (the target) alive, so a function traced from them never
+    outlives the model it calls."""
     if not ffi_available():
         raise RuntimeError(f"the XLA FFI bridge is not available: {ffi_unavailable_reason()}")
     state = np.uint64(state_address)  # numpy scalars carry their dtype into the attribute
@@ -151,4 +153,6 @@ def ffi_calls(state_address: int):
         return tuple(jax.ffi.ffi_call(TARGETS["hvp"][0], (scalar(z), vector(z), vector(z)))(
             z, v, state=state))
 
+    for fn in (log_density, value_grad, value_grad_hvp):
+        fn.owner = owner  # keeps the target (hence its model and state) alive
     return log_density, value_grad, value_grad_hvp

@@ -11,7 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,26 @@ _FFI_MAGIC = 0x5354414E56494646  # "STANVIFF"
  _SLOT_HVP_MODE, _SLOT_MODEL, _SLOT_DIM, _SLOT_LOG_DENSITY_FN, _SLOT_GRADIENT_FN, _SLOT_HVP_FN,
  _N_SLOTS) = range(13)
 _KIND_SLOT = {"log_density": _SLOT_LOG_DENSITY, "gradient": _SLOT_GRADIENT, "hvp": _SLOT_HVP}
+
+
+# Every state handed out stays allocated for the life of the process (~100 bytes each): an XLA
+# executable that outlives its target then finds the model slot zeroed (the handler reports an
+# error) instead of reading freed memory.
+_FFI_STATES: list[np.ndarray] = []
+_FFI_STATES_LOCK = threading.Lock()
+
+
+def _new_ffi_state() -> np.ndarray:
+    state = np.zeros(_N_SLOTS, dtype=np.int64)
+    state[_SLOT_HVP_MODE] = -1
+    with _FFI_STATES_LOCK:
+        _FFI_STATES.append(state)
+    return state
+
+
+def _release_ffi_state(state: np.ndarray) -> None:
+    """Run when a StanTarget is collected, before its model is destroyed."""
+    state[_SLOT_MODEL] = 0
 
 
 class _SharedOracleCounter(OracleCounter):
@@ -117,8 +139,8 @@ class StanTarget:
         self.data_json = data_to_json(data)
         self.seed = int(seed)
         # State shared with the XLA FFI handlers (see _SharedOracleCounter and jax_ffi.py).
-        self._ffi_state = np.zeros(_N_SLOTS, dtype=np.int64)
-        self._ffi_state[_SLOT_HVP_MODE] = -1
+        self._ffi_state = _new_ffi_state()
+        weakref.finalize(self, _release_ffi_state, self._ffi_state)
         self.threads = threads or default_threads()
         self.counter = _SharedOracleCounter(self._ffi_state)
         self._batched = BatchedLibrary(library)
@@ -187,7 +209,8 @@ class StanTarget:
     @property
     def ffi_state_address(self) -> int:
         """Address of the state the XLA FFI handlers read (model handle, entry points, threads,
-        HVP mode) and count into; valid while this target is alive."""
+        HVP mode) and count into.  It stays allocated for the life of the process; once this
+        target is collected its model slot is zero and the handlers report an error."""
         return int(self._ffi_state.ctypes.data)
 
     @property
