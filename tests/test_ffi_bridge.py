@@ -262,3 +262,31 @@ def test_function_keeps_its_target_alive_and_released_state_errors(compiled):
     gc.collect()
     with pytest.raises(Exception, match="released"):
         jax.block_until_ready(jax.jit(raw_value)(z))
+
+
+def test_fallback_to_pure_callback_when_ffi_is_unavailable(compiled, monkeypatch):
+    """When the handlers could not be built, "auto" silently uses pure_callback (same
+    results), an explicit "ffi" raises with the reason."""
+    monkeypatch.setattr(jax_ffi, "_state", {"lib": None, "path": None,
+                                            "error": "RuntimeError: no FFI headers"})
+    assert not jax_ffi.ffi_available()
+    assert jax_ffi.resolve_backend(None) == "callback"
+    with pytest.raises(RuntimeError, match="no FFI headers"):
+        jax_ffi.resolve_backend("ffi")
+    model = compiled("eight_schools")
+    t = stanvi.load(model, data_file("eight_schools"), progress=False, hvp_method="exact")
+    f = t.jax_log_density
+    assert f.backend == "callback"
+    z = random_points(t, 3, seed=30)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(jax.grad(f))(jnp.asarray(z))),
+                                  t.log_density_gradient(z).gradient)
+
+
+def test_a_broken_handler_source_fails_to_build_with_the_compiler_message(tmp_path, monkeypatch):
+    broken = tmp_path / "stanvi_ffi.cpp"
+    broken.write_text('#include "xla/ffi/api/ffi.h"\nint this is not C++;\n')
+    monkeypatch.setattr(jax_ffi, "FFI_SOURCE", broken)
+    monkeypatch.setenv("STANVI_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="compiling the XLA FFI handlers failed"):
+        jax_ffi._build()
+    assert not list((tmp_path / "cache" / "ffi").glob("*.so"))

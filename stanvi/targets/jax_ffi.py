@@ -34,8 +34,9 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
+from stanvi.targets.stan_target import FFI_STATE_SLOTS
+
 FFI_SOURCE = Path(__file__).resolve().parents[1] / "stan" / "glue" / "stanvi_ffi.cpp"
-STATE_SLOTS = 12  # must equal kSlotCount in stanvi_ffi.cpp (checked when the object is loaded)
 TARGETS = {"log_density": ("stanvi_log_density", "StanviLogDensity"),
            "gradient": ("stanvi_gradient", "StanviGradient"),
            "hvp": ("stanvi_hvp", "StanviHvp")}
@@ -86,8 +87,9 @@ def _load() -> None:
             library = _build()
             lib = ctypes.CDLL(str(library))
             slots = lib.stanvi_ffi_state_slots()
-            if slots != STATE_SLOTS:
-                raise RuntimeError(f"{library} has {slots} state slots, expected {STATE_SLOTS}")
+            if slots != FFI_STATE_SLOTS:
+                raise RuntimeError(f"{library} has {slots} state slots, StanTarget "
+                                   f"{FFI_STATE_SLOTS}")
             for name, symbol in TARGETS.values():
                 jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)),
                                             platform="cpu")
