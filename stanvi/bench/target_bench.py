@@ -9,10 +9,10 @@ For each model it prints:
 * the batched 256-draw call per draw, with all threads;
 * the bridgestan Python loop per draw (``StanModel.log_density_gradient`` called per draw);
 * the JAX bridge, through XLA FFI custom calls and through ``pure_callback``: ``jit(vmap(grad))``
-  per draw, its cost per batched call over the direct batched call (``target.
-  log_density_gradient``, itself ~5 µs of Python and ctypes: the FFI bridge can be cheaper), and
-  the whole jitted call for one draw, whose excess over one C++ gradient is the bridge's per-call
-  overhead (JAX dispatch included).
+  per draw (all threads); on a 1-thread target (steadier under load), its cost per batched call
+  over the direct batched call (``target.log_density_gradient``, itself ~5 µs of Python and
+  ctypes: the FFI bridge can be cheaper), and the whole jitted call for one draw, whose excess
+  over one C++ gradient is the bridge's per-call overhead (JAX dispatch included).
 
 Then, for ``reject_region`` (a model that throws on part of its domain): the cost of a throwing
 draw in a fresh process and after ``compiles`` XLA compilations whose executables stay alive,
@@ -50,6 +50,21 @@ def _best_time(fn, repeats: int, inner: int = 1) -> float:
         for _ in range(inner):
             fn()
         best = min(best, (time.perf_counter() - t0) / inner)
+    return best
+
+
+def _best_times(fns, repeats: int, inner: int = 1) -> list[float]:
+    """Like :func:`_best_time` for several functions, timed in turn within each repeat, so that
+    a change of machine load during the measurement affects all of them alike."""
+    for fn in fns:
+        fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            best[i] = min(best[i], (time.perf_counter() - t0) / inner)
     return best
 
 
@@ -111,21 +126,27 @@ def bench_model(stan_file: Path, data_file: Path, *, batch: int = 256, cold: boo
             bs.log_density_gradient(row, propto=False, jacobian=True)
 
     res["python_loop_per_draw"] = _best_time(python_loop, max(3, repeats // 2)) / batch
-    zj = jnp.asarray(z)
-    direct = _best_time(lambda: target.log_density_gradient(z), repeats, inner=20)
-    one_direct = _best_time(lambda: target.log_density_gradient(one), repeats, inner=200)
-    res["direct_call"] = direct
-    res["direct_one_draw_call"] = one_direct
+    # The bridge's cost per call is measured on the 1-thread target: with all threads the batched
+    # call's own time varies by more than the overhead under load.
+    zj, one_j = jnp.asarray(z), jnp.asarray(one)
     from stanvi.targets.jax_ffi import ffi_available  # noqa: PLC0415
 
-    for backend in ("ffi", "callback") if ffi_available() else ("callback",):
-        grad_all = jax.jit(jax.vmap(jax.grad(target.jax_log_density_with(backend))))
-        bridged = _best_time(lambda: grad_all(zj).block_until_ready(), repeats, inner=20)
-        one_j = jnp.asarray(one)
-        bridged_one = _best_time(lambda: grad_all(one_j).block_until_ready(), repeats, inner=200)
-        res[f"jax_{backend}_per_draw"] = bridged / batch
-        res[f"jax_{backend}_overhead_per_call"] = bridged - direct
-        res[f"jax_{backend}_one_draw_call"] = bridged_one
+    backends = ("ffi", "callback") if ffi_available() else ("callback",)
+    grads = {b: jax.jit(jax.vmap(jax.grad(serial.jax_log_density_with(b)))) for b in backends}
+    for b in backends:
+        grad_all = jax.jit(jax.vmap(jax.grad(target.jax_log_density_with(b))))
+        res[f"jax_{b}_per_draw"] = _best_time(lambda: grad_all(zj).block_until_ready(),
+                                              repeats, inner=20) / batch
+    many = _best_times([lambda: serial.log_density_gradient(z)]
+                       + [lambda g=g: g(zj).block_until_ready() for g in grads.values()],
+                       repeats, inner=20)
+    single = _best_times([lambda: serial.log_density_gradient(one)]
+                         + [lambda g=g: g(one_j).block_until_ready() for g in grads.values()],
+                         repeats, inner=200)
+    res["direct_call"], res["direct_one_draw_call"] = many[0], single[0]
+    for i, b in enumerate(backends, start=1):
+        res[f"jax_{b}_overhead_per_call"] = many[i] - many[0]
+        res[f"jax_{b}_one_draw_call"] = single[i]
     res["hvp_exact"] = float(target.hvp_exact)
     return res
 
@@ -223,8 +244,9 @@ def format_report(name: str, r: dict[str, float]) -> str:
     lines.append(f"  batched 256-draw HVP per draw:        {r['batched_hvp_per_draw'] * us:8.2f} µs")
     lines.append(f"  bridgestan Python loop per draw:      {r['python_loop_per_draw'] * us:8.2f} µs"
                  f"  -> batched is {ratio_py:.1f}x faster (target >= 5x)")
-    lines.append(f"  direct batched call: {r['direct_call'] * us:.1f} µs for {int(r['batch'])} draws, "
-                 f"{r['direct_one_draw_call'] * us:.1f} µs for one (target.log_density_gradient)")
+    lines.append(f"  direct batched call (1 thread): {r['direct_call'] * us:.1f} µs for "
+                 f"{int(r['batch'])} draws, {r['direct_one_draw_call'] * us:.1f} µs for one "
+                 f"(target.log_density_gradient)")
     for backend, what, target in (("ffi", "XLA FFI     ", "<= 40 µs"),
                                   ("callback", "pure_callback", "<= 150 µs")):
         if f"jax_{backend}_per_draw" not in r:
@@ -232,8 +254,8 @@ def format_report(name: str, r: dict[str, float]) -> str:
             continue
         one = r[f"jax_{backend}_one_draw_call"]
         lines.append(f"  JAX bridge ({what}) jit(vmap(grad)): {r[f'jax_{backend}_per_draw'] * us:7.2f} µs"
-                     f" per draw; per call: {r[f'jax_{backend}_overhead_per_call'] * us:+7.1f} µs over "
-                     f"the direct call, one-draw call {one * us:6.1f} µs = overhead "
+                     f" per draw; 1 thread: {r[f'jax_{backend}_overhead_per_call'] * us:+7.1f} µs "
+                     f"over the direct call, one-draw call {one * us:6.1f} µs = overhead "
                      f"{(one - r['cpp_gradient_per_draw']) * us:6.1f} µs + one gradient "
                      f"(target {target})")
     return "\n".join(lines)
