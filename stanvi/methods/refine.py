@@ -24,6 +24,7 @@ an exact gradient still converges to the SAA optimum, Byrd, Chin, Neveitt & Noce
 "subsampled Hessian Newton"); the trust region is measured in q's Fisher metric (see
 :meth:`stanvi.families.gaussian.MeanField.metric_scale`).
 
+The fixed draws are moment-matched (mean 0, covariance I exactly; :func:`_moment_matched`).
 Draws where the model fails at the starting point are replaced before the loop (Stan's
 drop-and-redraw rule, at most ``max_drops`` of them); a step at which any of the N draws fails is
 rejected and the radius shrinks, so every accepted iterate has a finite L̂_N.
@@ -50,6 +51,28 @@ class RefineResult(NamedTuple):
     message: str
 
 
+def _moment_matched(est, params: np.ndarray, eps: np.ndarray, ledger: OracleLedger) -> np.ndarray:
+    """The draws shifted and whitened to sample mean exactly 0 and sample covariance exactly I
+    (moment matching, Boyle, Broadie & Glasserman 1997, §4.2): the ELBO of a Gaussian log p
+    depends on ε only through these two moments, so its fixed-draw objective is then exact, and
+    for a near-Gaussian posterior most of the fixed-draw error goes (without it, the sd of a
+    D = 50, condition-number-1e6 Gaussian came out 6.5% off at N = 4,096).  Kept only if the
+    model is finite at every moved draw (else the screened draws are used as they are); needs
+    N > D + 1."""
+    n, dim = eps.shape
+    if n <= dim + 1:
+        return eps
+    centred = eps - eps.mean(axis=0)
+    try:
+        chol = np.linalg.cholesky(centred.T @ centred / n)
+    except np.linalg.LinAlgError:
+        return eps
+    matched = np.linalg.solve(chol, centred.T).T
+    values = est.values(params, matched)
+    ledger.screening(n)
+    return matched if np.all(np.isfinite(values)) else eps
+
+
 def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLedger,
            n_draws: int = 4096, n_hess: int = 256, tol: float = 1e-3, max_iters: int = 30,
            delta0: float = 1.0, max_drops: int | None = None, metric: str = "fisher",
@@ -70,6 +93,7 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
         return RefineResult(params, False, 0, float("inf"), 0.0,
                             f"the refinement sample could not be drawn: {exc}")
     ledger.screening(screened)
+    eps = _moment_matched(est, params, eps, ledger)
     eps_h = eps[: min(n_hess, n_draws)]
     delta = float(delta0)
     gain = 0.0
