@@ -178,3 +178,20 @@ def test_refine_never_accepts_a_step_into_failing_draws():
     # ... but every Gaussian q puts mass past the wall (the true ELBO is −inf), the unconstrained
     # Newton step always crosses it, and no certificate is given
     assert not res.converged and "did not reach" in res.message
+
+
+def test_budget_spent_in_the_refinement_is_reported_as_budget():
+    """The oracle budget binds in the refinement too: status 'budget' with the reason, never a
+    'converged' that the refinement did not certify.  (A hand-over after 3 iterations from the
+    default start leaves the refinement several iterations of work.)"""
+    opts = dict(warm_start="none", tol_model=1e9, method="trustvi", seed=0, progress=False,
+                draws=10)
+    free = stanvi.fit(ILL.log_density, dim=ILL.dim, **opts)
+    assert free.status == "converged"
+    busy = [r for r in free.trace.rows if r.get("phase") == "refine" and r["newton_gain"] > 0.2]
+    assert busy, "the refinement converged at once: the test would not exercise the budget"
+    budget = busy[0]["oracle_scaled"] + 1e-9  # spent within that refinement iteration
+    fit = stanvi.fit(ILL.log_density, dim=ILL.dim, max_oracle_calls=budget, **opts)
+    assert fit.status == "budget", fit.message
+    assert "refinement" in fit.message
+    assert fit.oracle["oracle_scaled"] >= budget

@@ -21,7 +21,7 @@ N-draw objective.
 
 Hessian-vector products use the first ``n_hess`` of the N draws (an inexact Newton method with
 an exact gradient still converges to the SAA optimum, Byrd, Chin, Neveitt & Nocedal 2011,
-"subsampled Hessian Newton"); the trust region is measured in q's Fisher metric (see
+"subsampled Hessian Newton"), and all N after two rejected steps in a row; the trust region is measured in q's Fisher metric (see
 :meth:`stanvi.families.gaussian.MeanField.metric_scale`).
 
 The fixed draws are moment-matched (mean 0, covariance I exactly; :func:`_moment_matched`).
@@ -45,6 +45,7 @@ from stanvi.optim.gltr import solve_gltr
 class RefineResult(NamedTuple):
     params: np.ndarray
     converged: bool
+    over_budget: bool
     iterations: int
     decrement: float        # the last Newton decrement ½gᵀB⁻¹g of L̂_N (nats), inf if unknown
     gain: float             # L̂_N(final) − L̂_N(start) (nats)
@@ -76,7 +77,7 @@ def _moment_matched(est, params: np.ndarray, eps: np.ndarray, ledger: OracleLedg
 def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLedger,
            n_draws: int = 4096, n_hess: int = 256, tol: float = 1e-3, max_iters: int = 30,
            delta0: float = 1.0, max_drops: int | None = None, metric: str = "fisher",
-           on_iteration=None) -> RefineResult:
+           on_iteration=None, over_budget=None) -> RefineResult:
     """Maximize the fixed-draw ELBO L̂_N from ``params`` by trust-region Newton-GLTR (module
     docstring).  Returns the final parameters and whether the Newton decrement fell below
     ``tol`` within ``max_iters`` iterations.
@@ -85,17 +86,21 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
     when ρ = ΔL̂/m' > 0.1; shrink δ by 4 when ρ < 1/4; double it when ρ > 3/4 and the step is on
     the boundary.  The GLTR solve uses relative residual 1e-4 (at most 2P Lanczos steps), so
     the decrement is that of the model, not of a truncated Krylov step.
+
+    ``over_budget()`` (optional) is asked after every iteration; when it says yes the
+    refinement ends with ``over_budget`` set.
     """
     max_drops = 10 * n_draws if max_drops is None else max_drops
     try:
         eps, screened = valid_draws(est, params, key, n_draws, max_drops)
     except GradientFailure as exc:
-        return RefineResult(params, False, 0, float("inf"), 0.0,
+        return RefineResult(params, False, False, 0, float("inf"), 0.0,
                             f"the refinement sample could not be drawn: {exc}")
     ledger.screening(screened)
     eps = _moment_matched(est, params, eps, ledger)
     eps_h = eps[: min(n_hess, n_draws)]
     delta = float(delta0)
+    rejections = 0
     gain = 0.0
     decrement = float("inf")
     for it in range(1, max_iters + 1):
@@ -103,7 +108,7 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
         ledger.gradient(n_draws)
         g = grads.mean(axis=0)
         if not (np.all(np.isfinite(values)) and np.all(np.isfinite(g))):
-            return RefineResult(params, False, it, float("inf"), gain,
+            return RefineResult(params, False, False, it, float("inf"), gain,
                                 "the model failed at a refinement draw at an accepted iterate")
         scale = family.metric_scale(params) if metric == "fisher" else np.ones_like(params)
 
@@ -115,13 +120,13 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
                             max_krylov=2 * len(c))
         ledger.hvp(len(eps_h), newton.n_hvp)
         if newton.status == "non_finite":
-            return RefineResult(params, False, it, float("inf"), gain,
+            return RefineResult(params, False, False, it, float("inf"), gain,
                                 "a Hessian-vector product of the refinement was not finite")
         decrement = float("inf") if newton.on_boundary else -float(newton.q_value)
         if on_iteration is not None:
             on_iteration(it, params, float(values.mean()), decrement, delta)
         if decrement < tol:
-            return RefineResult(params, True, it, decrement, gain,
+            return RefineResult(params, True, False, it, decrement, gain,
                                 f"Newton decrement {decrement:.2g} < {tol:g} nats on "
                                 f"{n_draws} fixed draws")
         # the trust-region step (the Newton step itself when it fits)
@@ -137,20 +142,31 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
         ledger.elbo_change(n_draws)
         if not np.all(np.isfinite(change)) or not m_prime > 0:
             delta /= 4.0
+            rejections += 1
         else:
             dl = float(change.mean())
             rho = dl / m_prime
             if rho > 0.1:
                 params = params + step
                 gain += dl
+                rejections = 0
+            else:
+                rejections += 1
             if rho < 0.25:
                 delta = float(np.linalg.norm(t)) / 4.0
             elif rho > 0.75 and boundary:
                 delta = 2.0 * delta
+        if rejections >= 2 and len(eps_h) < len(eps):
+            # the subsampled Hessian misjudges the fixed-draw objective here (on a redundantly
+            # parameterized hierarchical model the radius collapsed): use all N draws from now on
+            eps_h = eps
+        if over_budget is not None and over_budget():
+            return RefineResult(params, False, True, it, decrement, gain,
+                                "the oracle budget was spent during the refinement")
         if delta < 1e-10:
-            return RefineResult(params, False, it, decrement, gain,
+            return RefineResult(params, False, False, it, decrement, gain,
                                 "the refinement's trust region collapsed (no step improves the "
                                 "fixed-draw ELBO)")
-    return RefineResult(params, False, max_iters, decrement, gain,
+    return RefineResult(params, False, False, max_iters, decrement, gain,
                         f"the refinement did not reach a Newton decrement below {tol:g} nats "
                         f"in {max_iters} iterations (last {decrement:.3g})")
