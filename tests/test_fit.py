@@ -71,7 +71,9 @@ def test_every_model_fits_with_every_method(any_model, model, method):
     assert np.all(np.isfinite(fit.params))
     assert fit.unconstrained_draws.shape == (40, target.dim)
     assert fit.log_p.shape == fit.log_q.shape == (40,)
-    assert len(fit.trace) >= 1 and fit.trace.rows[0]["oracle_scaled"] == 0
+    # row 0 is the initial iterate; it carries only a warm start's charges (TrustVI default)
+    assert len(fit.trace) >= 1
+    assert fit.trace.rows[0]["oracle_scaled"] == 0 or "laplace_iterations" in fit.info
     assert fit.oracle["oracle_scaled"] >= 0
     # constrained draws by Stan name, every variable of the model (tp and gq included)
     expected = {v.name: v.shape for v in target.variables(include_tp=True, include_gq=True)}
@@ -201,6 +203,8 @@ def test_init_options(eight_schools, method):
     d = eight_schools.dim
     opts = dict(SHORT[method])
     profile = opts.pop("profile", None)
+    if method == "trustvi":  # the Laplace warm start would begin its L-BFGS at init and move on
+        opts["warm_start"] = "none"
 
     def first_mu(init):
         fit = stanvi.fit(eight_schools, method=method, profile=profile, init=init, seed=5,
