@@ -30,6 +30,13 @@ SEEDS = {
     "reject_region": 1008,
     "gaussian": 1009,
     "gaussian_diag": 1010,
+    "raw_regression": 1011,
+    "raw_regression_interaction": 1012,
+    "loglog_heights": 1013,
+    "raw_logistic": 1014,
+    "hier_multiplicative": 1015,
+    "far_posterior": 1016,
+    "gaussian_ill": 1017,
 }
 
 
@@ -184,6 +191,75 @@ def gaussian_diag() -> dict:
     return {"D": d, "mu": mu, "sigma": sigma}
 
 
+# ---- ill-conditioned posteriors of the kind public model collections are full of (issue P2-1)
+
+def _people(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw, uncentred predictors: height (cm), weight (kg), age (years)."""
+    height = rng.normal(170.0, 10.0, n)
+    weight = 0.9 * (height - 170.0) + rng.normal(70.0, 10.0, n)
+    age = rng.uniform(18.0, 80.0, n)
+    return height, weight, age
+
+
+def raw_regression() -> dict:
+    rng = np.random.default_rng(SEEDS["raw_regression"])
+    n = 200
+    height, weight, age = _people(rng, n)
+    y = -40.0 + 0.5 * height + 0.3 * weight - 0.1 * age + rng.normal(0.0, 5.0, n)
+    return {"N": n, "height": height, "weight": weight, "age": age, "y": y}
+
+
+def raw_regression_interaction() -> dict:
+    rng = np.random.default_rng(SEEDS["raw_regression_interaction"])
+    n = 150
+    height, weight, _ = _people(rng, n)
+    y = -30.0 + 0.3 * height + 0.5 * weight + 0.002 * height * weight + rng.normal(0.0, 5.0, n)
+    return {"N": n, "height": height, "weight": weight, "y": y}
+
+
+def loglog_heights() -> dict:
+    rng = np.random.default_rng(SEEDS["loglog_heights"])
+    n = 100
+    height = rng.normal(170.0, 10.0, n)
+    weight = np.exp(-7.5 + 2.3 * np.log(height) + rng.normal(0.0, 0.1, n))
+    return {"N": n, "height": height, "weight": weight}
+
+
+def raw_logistic() -> dict:
+    rng = np.random.default_rng(SEEDS["raw_logistic"])
+    n = 500
+    income = rng.gamma(4.0, 12.5, n)  # thousands, mean 50
+    age = rng.uniform(18.0, 80.0, n)
+    eta = -4.0 + 0.04 * income + 0.04 * age
+    y = (rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-eta))).astype(int)
+    return {"N": n, "income": income, "age": age, "y": y}
+
+
+def hier_multiplicative() -> dict:
+    rng = np.random.default_rng(SEEDS["hier_multiplicative"])
+    groups, per_group = 60, 5
+    g = np.repeat(np.arange(1, groups + 1), per_group)
+    theta = rng.normal(3.0, 2.0, groups)
+    y = theta[g - 1] + rng.normal(0.0, 1.0, groups * per_group)
+    return {"J": groups, "N": groups * per_group, "g": g, "y": y}
+
+
+def far_posterior() -> dict:
+    rng = np.random.default_rng(SEEDS["far_posterior"])
+    n = 50
+    return {"N": n, "y": rng.normal(1500.0, 20.0, n)}
+
+
+def gaussian_ill() -> dict:
+    """N(m, Σ), D = 50, Σ = Q diag(λ) Qᵀ with a random rotation Q and eigenvalues λ log-spaced
+    over [1e-3, 1e3] (condition number 1e6).  The data hold Q and λ (rounded), not Σ: rounding
+    Σ itself to 6 digits would perturb it by ~1e-3, its smallest eigenvalue."""
+    rng = np.random.default_rng(SEEDS["gaussian_ill"])
+    d = 50
+    q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    return {"D": d, "m": rng.normal(size=d), "Q": q, "lambda": np.geomspace(1e-3, 1e3, d)}
+
+
 GENERATORS = {
     "linear_regression": linear_regression,
     "logistic_regression": logistic_regression,
@@ -195,6 +271,13 @@ GENERATORS = {
     "reject_region": reject_region,
     "gaussian": gaussian,
     "gaussian_diag": gaussian_diag,
+    "raw_regression": raw_regression,
+    "raw_regression_interaction": raw_regression_interaction,
+    "loglog_heights": loglog_heights,
+    "raw_logistic": raw_logistic,
+    "hier_multiplicative": hier_multiplicative,
+    "far_posterior": far_posterior,
+    "gaussian_ill": gaussian_ill,
 }
 
 
