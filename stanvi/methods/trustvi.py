@@ -59,6 +59,7 @@ from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, stan
                                     valid_draws)
 from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
                                    purpose_key)
+from stanvi.methods.checks import divergence, support_failure_message, support_failures
 from stanvi.methods.context import RunContext
 from stanvi.methods.refine import refine
 from stanvi.methods.warm_start import laplace_start
@@ -388,6 +389,9 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         # 6. radius, Hessian reuse ----------------------------------------------------------
         if accepted:
             params = params + s
+            runaway = divergence(family, params)
+            if runaway:
+                status, message = "failed", f"diverged at iteration {k}: {runaway}"
         if o.radius_rule == "reference":
             # [R]: the radius moves independently of acceptance (§4.9 item 3)
             delta = min(o.gamma * delta, o.delta_max) if grew else delta / o.gamma
@@ -416,6 +420,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         # predicts less than tol_model nats; for a boundary solution that gain is taken in the
         # Krylov subspace already built (a lower bound that never rests on the radius, so a
         # radius collapsing after rejections cannot fake convergence).
+        if status == "failed":
+            break
         small_model_count = small_model_count + 1 if (
             o.tol_model is not None and newton_gain < o.tol_model) else 0
         if o.tol_model is not None and small_model_count >= o.tol_model_iters:
@@ -446,8 +452,35 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     if status == "converged" and o.refine_draws:
         params, status, message = _refine_after_stop(est, family, params, o, key, ledger, trace,
                                                      k, delta, message, info, context)
+    status, message = _honest_outcome(target, family, params, key, status, message, counts,
+                                      info)
     return MethodResult(params=params, trace=trace, ledger=ledger, status=status, message=message,
                         info=info)
+
+
+def _honest_outcome(target, family, params, key, status: str, message: str, counts: dict,
+                    info: dict) -> tuple[str, str]:
+    """``failed`` with the reason when q ran away (an improper posterior) or when a run that
+    did not converge — or never accepted a step — ended with the model failing on ≥ 1% of q's
+    draws (1,024 draws, one batched call; the fraction goes to ``info``)."""
+    if status == "failed" and message.startswith("diverged"):
+        return status, message
+    runaway = divergence(family, params)
+    if runaway:
+        return "failed", runaway
+    never_moved = counts["accepted"] == 0 and counts["rejected_failure"] > 0
+    if status in ("converged", "budget") and not never_moved:
+        return status, message
+    eps = standard_normal(purpose_key(key, 0, "elbo"), 1024, family.dim)
+    fraction, model_message = support_failures(target, family, params, eps)
+    info["failing_fraction"] = fraction
+    if fraction >= 0.01:
+        return "failed", (support_failure_message(fraction, model_message,
+                                                  accepted=counts["accepted"])
+                          + f" [TrustVI: {message}]")
+    if never_moved and status == "converged":
+        return "max_iters", f"no step was ever accepted ({message})"
+    return status, message
 
 
 def _refine_after_stop(est, family, params, o: Options, key, ledger, trace, k: int,
