@@ -198,6 +198,10 @@ def fit_attrs(fit, diagnostics=None) -> dict[str, Any]:
             "pareto_k_threshold": float(diagnostics.threshold),
             "verdict": diagnostics.verdict,
             "ess_importance": float(diagnostics.ess),
+            "pareto_k_se": float(getattr(diagnostics, "khat_se", float("nan"))),
+            "n_diagnostic_draws": int(diagnostics.n_draws),
+            "failed_fraction": float(getattr(diagnostics, "failed_fraction", 0.0)),
+            "failure_message": str(getattr(diagnostics, "failure_message", "")),
             "elbo": float(diagnostics.elbo),
             "elbo_se": float(diagnostics.elbo_se),
         })
