@@ -378,10 +378,10 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
 
 def _affine_map(family, params):
     """(m, A, log|det A|) when the family's draws are z = m + A ε (the Gaussian families:
-    mean-field A = diag(exp ω), full-rank A = L); None otherwise."""
+    mean-field A = diag(exp ω), returned as the vector exp ω; full-rank A = L); None otherwise."""
     if hasattr(family, "split") and getattr(family, "name", "") == "meanfield":
         mu, omega = (np.asarray(x, dtype=float) for x in family.split(params))
-        return mu, np.diag(np.exp(omega)), float(np.sum(omega))
+        return mu, np.exp(omega), float(np.sum(omega))  # A = diag(exp ω), kept as a vector
     if hasattr(family, "cholesky") and getattr(family, "name", "") == "fullrank":
         lower = np.asarray(family.cholesky(params), dtype=float)
         mu = np.asarray(params, dtype=float)[: family.dim]
@@ -408,7 +408,7 @@ def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None =
         # z = m + A ε with a fixed (m, A): log q(z) = log φ(ε) − log|det A| exactly, computed in
         # NumPy; no JAX function of a new (S, D) shape to compile on the first fit.
         m, a, log_det = affine
-        z = m + eps @ a.T
+        z = m + (eps * a if a.ndim == 1 else eps @ a.T)
         log_q = -0.5 * np.einsum("ij,ij->i", eps, eps) - log_det - 0.5 * dim * math.log(2 * math.pi)
     else:
         z = np.asarray(family.sample(params, jnp.asarray(eps)), dtype=float)
