@@ -197,6 +197,31 @@ def as_target(model: ModelLike, data=None, *, dim: int | None = None, seed: int 
     return StanTarget(model, data, seed=seed, progress=progress)
 
 
+def _check_arguments(draws, max_oracle_calls) -> None:
+    """Arguments a fit cannot run with, named, before anything is compiled."""
+    if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
+        raise ValueError(f"draws must be a positive integer (the number of output draws), "
+                         f"got {draws!r}")
+    if max_oracle_calls is not None and (
+            isinstance(max_oracle_calls, bool) or not isinstance(max_oracle_calls, (int, float))
+            or not max_oracle_calls > 0):
+        raise ValueError(f"max_oracle_calls must be a positive number or None, "
+                         f"got {max_oracle_calls!r}")
+
+
+def _check_init(target: Target, init_mu: np.ndarray | None) -> None:
+    """An initial point with non-finite unconstrained coordinates is the user's input, not the
+    model's failure: name the coordinates."""
+    if init_mu is None or np.all(np.isfinite(init_mu)):
+        return
+    names = list(getattr(target, "unconstrained_names", []) or [])
+    bad = np.flatnonzero(~np.isfinite(init_mu))
+    labels = [names[i] if i < len(names) else f"coordinate {i + 1}" for i in bad[:5]]
+    raise ValueError(f"init has non-finite unconstrained values at {', '.join(labels)}"
+                     f"{' ...' if len(bad) > 5 else ''} (a value on a constraint's boundary, "
+                     f"e.g. 0 for <lower=0>, maps to -inf; or NaN given directly)")
+
+
 def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.ndarray]:
     """(user's initial mean or None, Stan-style random initial mean)."""
     d = target.dim
@@ -244,6 +269,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         **options: the method's options, overriding the profile's.
     """
     t0 = time.perf_counter()
+    _check_arguments(draws, max_oracle_calls)
     seed = 0 if seed is None else int(seed)
     target = as_target(model, data, dim=dim, seed=seed, progress=progress)
     if target.dim == 0:
@@ -256,6 +282,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         fam_kwargs["diagonal"] = opts.fullrank_diagonal
     fam = make_family(family, target.dim, **fam_kwargs)
     init_mu, random_mu = _initial_mu(target, init, seed)
+    _check_init(target, init_mu)
     estimator = estimator_for(target, fam)
     bar = IterationProgress(method, enabled=progress)
     context = RunContext(init_mu=init_mu, random_init_mu=random_mu,

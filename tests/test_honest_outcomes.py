@@ -52,3 +52,56 @@ def test_divergence_thresholds():
     fr = FullRank(2, diagonal="log")
     assert divergence(fr, np.array([0.0, 0.0, 0.0, 0.5, 0.0])) is None
     assert "grew without bound" in divergence(fr, np.array([0.0, 0.0, 0.0, 1e11, 0.0]))
+
+
+# ------------------------------------------------------------------------------ errors a user can read (items 7, 8)
+
+def gaussian2(z):
+    return -0.5 * jnp.sum(z * z)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"max_iters": "abc"}, ["max_iters", "int", "'abc'"]),
+    ({"delta0": "big"}, ["delta0", "float"]),
+    ({"solver": 3}, ["solver", "str"]),
+])
+def test_option_values_are_type_checked(options, words):
+    with pytest.raises(TypeError) as info:
+        stanvi.fit(gaussian2, dim=2, progress=False, **options)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_numeric_option_given_as_int_is_accepted():
+    fit = stanvi.fit(gaussian2, dim=2, progress=False, draws=5, delta0=1, max_iters=5)
+    assert fit.options.delta0 == 1.0 and isinstance(fit.options.delta0, float)
+
+
+@pytest.mark.parametrize("draws", [0, -5, 2.5, True])
+def test_bad_draws_named(draws):
+    with pytest.raises(ValueError, match="draws must be a positive integer"):
+        stanvi.fit(gaussian2, dim=2, progress=False, draws=draws)
+
+
+def test_bad_budget_named():
+    with pytest.raises(ValueError, match="max_oracle_calls"):
+        stanvi.fit(gaussian2, dim=2, progress=False, max_oracle_calls=-1)
+
+
+def test_nan_init_blames_the_init():
+    with pytest.raises(ValueError, match="init has non-finite unconstrained values"):
+        stanvi.fit(gaussian2, dim=2, progress=False, init=np.array([np.nan, 0.0]))
+
+
+def test_cli_names_a_bad_option_value_in_one_line():
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from conftest import MODELS_DIR  # noqa: PLC0415
+
+    stan = MODELS_DIR / "bernoulli" / "bernoulli.stan"
+    res = subprocess.run([sys.executable, "-m", "stanvi.cli", "fit", str(stan), "--data",
+                          str(stan.with_suffix(".data.json")), "--option", "max_iters=abc"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("stanvi: comp")]
+    assert len(lines) == 1 and "max_iters must be int" in lines[0], res.stderr

@@ -43,4 +43,32 @@ def make_options(module: ModuleType, profile: str | None, overrides: dict):
     if unknown:
         raise TypeError(f"unknown option(s) {unknown} for {module.__name__.rsplit('.', 1)[-1]}; "
                         f"valid options: {sorted(fields)}")
-    return dataclasses.replace(module.Options(**module.PROFILES[profile]), **overrides)
+    method = module.__name__.rsplit('.', 1)[-1]
+    types = {f.name: f.type for f in dataclasses.fields(module.Options)}
+    checked = {name: _checked_value(method, name, types[name], value)
+               for name, value in overrides.items()}
+    return dataclasses.replace(module.Options(**module.PROFILES[profile]), **checked)
+
+
+def _checked_value(method: str, name: str, annotation, value):
+    """``value`` if it fits the option's annotation (``float``, ``int``, ``str``, ``bool``,
+    each optionally ``| None``); an int is accepted for a float (and returned as float).
+    Otherwise a TypeError that names the option, the expected type and the value given —
+    instead of an arithmetic error deep inside the method."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__",
+                                                                  str(annotation))
+    allowed = [t.strip() for t in text.split("|")]
+    if value is None and "None" in allowed:
+        return None
+    if "bool" in allowed and isinstance(value, bool):
+        return value
+    if not isinstance(value, bool):
+        if "int" in allowed and isinstance(value, int):
+            return value
+        if "float" in allowed and isinstance(value, (int, float)):
+            return float(value)
+    if "str" in allowed and isinstance(value, str):
+        return value
+    expected = " or ".join(a for a in allowed)
+    raise TypeError(f"{method} option {name} must be {expected}, got {value!r} "
+                    f"({type(value).__name__})")
