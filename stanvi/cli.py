@@ -114,7 +114,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         fit = stanvi.fit(str(model), args.data, method=args.method, family=args.family,
                          seed=args.seed, profile=args.profile, draws=args.draws,
                          init=args.init, max_oracle_calls=args.max_oracle_calls,
-                         progress=not args.quiet, **options)
+                         hvp_method=args.hvp_method, progress=not args.quiet, **options)
     method_warnings = list(dict.fromkeys(str(w.message) for w in caught))
     out_dir = Path(args.output)
     base = args.name or f"{fit.target.name}-{fit.method}"
@@ -216,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", default="meanfield", choices=["meanfield", "fullrank"],
                    help="variational family (default: meanfield)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--hvp-method", choices=["auto", "exact", "finite_difference"], default=None,
+                   help="Hessian-vector products of the Stan model: nested autodiff ('exact'), "
+                        "central differences of gradients, or 'auto' (default: decided once per "
+                        "compiled model and data, and stored with the library)")
     p.add_argument("--profile", default=None,
                    help="the method's named option set, e.g. 'paper' or 'stan' (default: the "
                         "method's default profile; see docs/methods.md)")

@@ -183,10 +183,13 @@ ModelLike = str | os.PathLike | CompiledModel | Target | Callable
 
 
 def as_target(model: ModelLike, data=None, *, dim: int | None = None, seed: int = 0,
-              progress: bool = True) -> Target:
+              progress: bool = True, hvp_method: str | None = None) -> Target:
     """A Target from a `.stan` path, a compiled library, a Target, or a JAX log-density function
-    (which needs ``dim``)."""
+    (which needs ``dim``).  ``hvp_method`` applies to Stan models loaded here."""
     if hasattr(model, "log_density_gradient") and hasattr(model, "dim"):
+        if hvp_method is not None:
+            raise ValueError("hvp_method applies when stanvi loads the model; for a loaded "
+                             "target pass it to stanvi.load(..., hvp_method=...)")
         return model  # a Target
     if callable(model):
         if dim is None:
@@ -194,7 +197,8 @@ def as_target(model: ModelLike, data=None, *, dim: int | None = None, seed: int 
         return JaxTarget(model, dim)
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
-    return StanTarget(model, data, seed=seed, progress=progress)
+    return StanTarget(model, data, seed=seed, progress=progress,
+                      hvp_method=hvp_method or "auto")
 
 
 def _check_arguments(draws, max_oracle_calls) -> None:
@@ -249,7 +253,7 @@ def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.
 def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "meanfield",
         seed: int | None = None, init=None, max_oracle_calls: float | None = None,
         progress: bool = True, draws: int = 1000, profile: str | None = None,
-        dim: int | None = None, **options) -> Fit:
+        dim: int | None = None, hvp_method: str | None = None, **options) -> Fit:
     """Fit a variational approximation.
 
     Args:
@@ -266,12 +270,15 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         progress: show progress on a terminal.
         draws: number of output draws from the approximation.
         profile: the method's named option set (e.g. 'paper'); see ``docs/methods.md``.
+        hvp_method: for a Stan model loaded here, 'auto' (default: decided once per compiled
+            library and data, and stored), 'exact' or 'finite_difference'; the method used is in
+            ``fit.info["hvp_method"]``.
         **options: the method's options, overriding the profile's.
     """
     t0 = time.perf_counter()
     _check_arguments(draws, max_oracle_calls)
     seed = 0 if seed is None else int(seed)
-    target = as_target(model, data, dim=dim, seed=seed, progress=progress)
+    target = as_target(model, data, dim=dim, seed=seed, progress=progress, hvp_method=hvp_method)
     if target.dim == 0:
         raise VIError(f"{target!r} has no parameters: there is nothing to approximate (use "
                       "Stan's fixed_param sampler for its generated quantities)")

@@ -185,10 +185,13 @@ def test_thread_count_and_determinism(compiled):
 
 
 def test_auto_hvp_method_is_chosen_once_and_shared(compiled):
-    """hvp_method="auto": the FFI handler makes the target's choice on its first HVP call and
-    the target's own methods then use it (and the other way round)."""
+    """The FFI handler and the target share the HVP mode.  "auto" is decided at load now (and
+    stored with the library); the handler's own chooser, for a state whose mode is unset, is
+    exercised by unsetting it."""
     model = compiled("eight_schools")
     t = stanvi.load(model, data_file("eight_schools"), progress=False, hvp_method="auto")
+    assert t.hvp_method_used in ("exact", "finite_difference")
+    t._hvp_fd = None
     assert t.hvp_method_used is None
     f = t.jax_log_density_with("ffi")
     z = random_points(t, 4, seed=27)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -105,3 +108,46 @@ def test_cli_names_a_bad_option_value_in_one_line():
     assert res.returncode != 0
     lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("stanvi: comp")]
     assert len(lines) == 1 and "max_iters must be int" in lines[0], res.stderr
+
+
+# ------------------------------------------------------------------------------ same seed, same result (item 5)
+
+def test_auto_hvp_choice_is_stored_once_per_library_and_data(eight_schools):
+    """hvp_method='auto' no longer reads a clock per target: the choice made for a (library,
+    data) pair is stored next to the library and every later load adopts it — so a fit under
+    load and the same seed alone use the same HVP method, and give the same result."""
+    first = stanvi.load(eight_schools.library_path, eight_schools.data_json, progress=False)
+    assert first.hvp_method_used in ("exact", "finite_difference")  # decided at load
+    path = eight_schools.library_path.parent / "hvp_choice.json"
+    table = json.loads(path.read_text())
+    key = hashlib.sha256(eight_schools.data_json.encode()).hexdigest()[:20]
+    chosen = table[key]["method"]
+    assert chosen == first.hvp_method_used
+    # a stored choice is obeyed, whatever a new timing would say
+    other = "exact" if chosen == "finite_difference" else "finite_difference"
+    table[key]["method"] = other
+    path.write_text(json.dumps(table))
+    try:
+        for _ in range(2):
+            again = stanvi.load(eight_schools.library_path, eight_schools.data_json,
+                                progress=False)
+            assert again.hvp_method_used == other
+    finally:
+        table[key]["method"] = chosen
+        path.write_text(json.dumps(table))
+
+
+def test_fit_and_cli_set_the_hvp_method(eight_schools):
+    from conftest import MODELS_DIR  # noqa: PLC0415
+
+    stan = MODELS_DIR / "eight_schools" / "eight_schools_noncentered.stan"
+    data = MODELS_DIR / "eight_schools" / "eight_schools.data.json"
+    fit = stanvi.fit(str(stan), str(data), hvp_method="finite_difference", progress=False,
+                     draws=5, max_iters=3)
+    assert fit.info["hvp_method"] == "finite_difference"
+    with pytest.raises(ValueError, match="stanvi.load"):
+        stanvi.fit(eight_schools, hvp_method="exact", progress=False, draws=5)
+    from stanvi.cli import build_parser  # noqa: PLC0415
+
+    args = build_parser().parse_args(["fit", str(stan), "--hvp-method", "exact"])
+    assert args.hvp_method == "exact"

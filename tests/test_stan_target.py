@@ -153,10 +153,13 @@ def test_finite_difference_hvp_agrees_with_exact(compiled, key, rng):
 def test_hvp_method_auto_and_bad_values(compiled):
     auto = stanvi.load(compiled("logistic_regression"), data_file("logistic_regression"),
                        progress=False)
-    assert auto.hvp_method_used is None           # decided on the first HVP call
+    # decided at load, once per (library, data), and stored with the library (issue P2-1c)
+    assert auto.hvp_method_used in ("exact", "finite_difference")
     z = np.zeros((3, auto.dim))
     auto.log_density_hvp(z, np.ones_like(z))
-    assert auto.hvp_method_used in ("exact", "finite_difference")
+    again = stanvi.load(compiled("logistic_regression"), data_file("logistic_regression"),
+                        progress=False)
+    assert again.hvp_method_used == auto.hvp_method_used
     with pytest.raises(ValueError, match="hvp_method"):
         stanvi.load(compiled("bernoulli"), data_file("bernoulli"), hvp_method="fd")
     with pytest.raises(ValueError, match="nested-autodiff build"):

@@ -113,12 +113,14 @@ class StanTarget:
         hvp_method: how Hessian-vector products are computed: ``"exact"`` (one nested-autodiff
             ``fvar<var>`` sweep; needs the exact build), ``"finite_difference"`` (central
             differences of two reverse-mode gradients, plus the gradient itself), or ``"auto"``
-            (default): on the first HVP call both are timed on up to 16 of its rows and finite
-            differences are used when the exact sweep costs more than twice as much, as it does
-            for some Stan Math functions (e.g. ``bernoulli_logit_glm``: ~24× a gradient).
-            TrustVI only needs a bounded symmetric Hessian model (spec §4.1), so either is valid;
-            the choice is in :attr:`hvp_method_used`.  Pass an explicit method where results
-            must be bitwise reproducible across separately loaded targets.
+            (default): finite differences when the exact sweep costs more than twice as much, as
+            it does for some Stan Math functions (e.g. ``bernoulli_logit_glm``: ~24× a
+            gradient).  The choice is made once per (compiled library, data) — timed on 16 fixed
+            points the first time that pair is loaded — and stored next to the library
+            (``hvp_choice.json``), so every later load, in any process and under any load, makes
+            the same choice and the same seed gives the same result (see
+            :meth:`_stored_hvp_choice`).  TrustVI only needs a bounded symmetric Hessian model,
+            so either is valid; the choice is in :attr:`hvp_method_used`.
     """
 
     def __init__(self, model: CompiledModel | str | os.PathLike, data: DataLike = None, *,
@@ -158,6 +160,8 @@ class StanTarget:
         self._dim = self._bs.param_unc_num()
         self._ffi_state[_SLOT_MODEL] = self._handle
         self._ffi_state[_SLOT_DIM] = self._dim
+        if self._hvp_fd is None and self._dim > 0:  # "auto": one stored choice per library+data
+            self._hvp_fd = self._stored_hvp_choice() == "finite_difference"
         for slot, fn in ((_SLOT_LOG_DENSITY_FN, "stanvi_batch_log_density"),
                          (_SLOT_GRADIENT_FN, "stanvi_batch_gradient"),
                          (_SLOT_HVP_FN, "stanvi_batch_hvp")):
@@ -224,9 +228,54 @@ class StanTarget:
         """``"exact"`` or ``"finite_difference"``; None while ``"auto"`` has not decided yet."""
         return None if self._hvp_fd is None else ("finite_difference" if self._hvp_fd else "exact")
 
-    def _choose_hvp_method(self, z: np.ndarray, v: np.ndarray) -> None:
-        """``hvp_method="auto"``: time both on up to 16 rows (best of 3), finite differences
-        when the exact sweep costs more than twice as much."""
+    def _stored_hvp_choice(self) -> str:
+        """``hvp_method="auto"``: the choice stored for this (library, data) in
+        ``<library dir>/hvp_choice.json``, or, the first time, the timed choice
+        (:meth:`_timed_hvp_choice` on 16 fixed points), written there under a file lock (a
+        concurrent first writer wins, and everyone adopts its choice).  An unwritable
+        directory keeps the choice for this process only."""
+        import hashlib  # noqa: PLC0415
+
+        from filelock import FileLock, Timeout  # noqa: PLC0415
+
+        key = hashlib.sha256((self.data_json or "").encode()).hexdigest()[:20]
+        path = self.library_path.parent / "hvp_choice.json"
+
+        def stored() -> str | None:
+            try:
+                return json.loads(path.read_text()).get(key, {}).get("method")
+            except (OSError, ValueError, AttributeError):
+                return None
+
+        choice = stored()
+        if choice in ("exact", "finite_difference"):
+            return choice
+        rng = np.random.default_rng(0)
+        z = rng.uniform(-2.0, 2.0, size=(16, self._dim))
+        v = rng.normal(size=(16, self._dim))
+        fd, exact_s, fd_s = self._timed_hvp_choice(z, v)
+        choice = "finite_difference" if fd else "exact"
+        try:
+            with FileLock(str(path) + ".lock", timeout=30):
+                existing = stored()
+                if existing in ("exact", "finite_difference"):
+                    return existing
+                try:
+                    table = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    table = {}
+                table[key] = {"method": choice, "exact_seconds": exact_s, "fd_seconds": fd_s}
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps(table, indent=1))
+                os.replace(tmp, path)
+        except (OSError, Timeout):
+            pass
+        return choice
+
+    def _timed_hvp_choice(self, z: np.ndarray, v: np.ndarray) -> tuple[bool, float, float]:
+        """Time both HVP methods on the rows of z (best of 3): (finite differences?, exact
+        seconds, finite-difference seconds); finite differences when the exact sweep costs
+        more than twice as much."""
         zs, vs = z[:16], v[:16]
 
         def best(fd: bool) -> float:
@@ -238,7 +287,12 @@ class StanTarget:
                 times.append(time.perf_counter() - t0)
             return min(times)
 
-        self._hvp_fd = best(False) > 2.0 * best(True)
+        exact_s, fd_s = best(False), best(True)
+        return exact_s > 2.0 * fd_s, exact_s, fd_s
+
+    def _choose_hvp_method(self, z: np.ndarray, v: np.ndarray) -> None:
+        """Fallback for a target whose "auto" choice was not made at load (none here today)."""
+        self._hvp_fd = self._timed_hvp_choice(z, v)[0]
 
     def variables(self, *, include_tp: bool = True, include_gq: bool = True) -> list[Variable]:
         """The model's constrained variables (name, shape), parameters first."""
