@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -332,12 +333,24 @@ def make_fit(target: Target, family, result: MethodResult, *, method: str, profi
         raise VIError(f"{method} returned non-finite parameters ({result.status}: {result.message})")
     eps = standard_normal(purpose_key(key, 0, "output"), n_draws, family.dim)
     z, log_p, log_q = estimator.log_p_and_q(result.params, eps)
-    constrained = target.constrain(z, include_tp=True, include_gq=True, seed=seed)
+    gq_note: dict = {}
+    if hasattr(target, "constrain_reporting"):
+        constrained, n_gq_failed, gq_message = target.constrain_reporting(
+            z, include_tp=True, include_gq=True, seed=seed)
+        if n_gq_failed:
+            gq_note = {"gq_failed_draws": n_gq_failed, "gq_failure_message": gq_message}
+            warnings.warn(f"generated quantities could not be computed at {n_gq_failed} of "
+                          f"{n_draws} draws ({gq_message!r}); they are NaN there, and their "
+                          f"summaries use the other draws only (parameters and transformed "
+                          f"parameters are kept at every draw)", stacklevel=3)
+    else:
+        constrained = target.constrain(z, include_tp=True, include_gq=True, seed=seed)
     return Fit(method=method, family_name=family.name, profile=profile, options=options, seed=seed,
                params=np.asarray(result.params, dtype=float), family=family, target=target,
                draws=constrained, unconstrained_draws=z, log_p=log_p, log_q=log_q,
                trace=result.trace, oracle=result.ledger.snapshot(), status=result.status,
                message=result.message, wall_time=wall_time, setup_time=setup_time,
-               info={**result.info, **({"hvp_method": target.hvp_method_used}
-                                       if getattr(target, "hvp_method_used", None) else {})},
+               info={**result.info, **gq_note,
+                     **({"hvp_method": target.hvp_method_used}
+                        if getattr(target, "hvp_method_used", None) else {})},
                _estimator=estimator)

@@ -55,6 +55,8 @@ class RowStatus:
 
     ok: np.ndarray                 # (B,) bool
     messages: dict[int, str]       # row -> the model's message, for failed rows
+    gq_only: np.ndarray | None = None  # (B,) bool: constrain rows where only the generated
+                                       # quantities failed (parameters and TPs were written)
 
 
 class BatchedLibrary:
@@ -99,7 +101,7 @@ class BatchedLibrary:
             for row in np.flatnonzero(~ok):
                 text = ctypes.string_at(base + int(row) * MESSAGE_BYTES)
                 messages[int(row)] = text.decode("utf-8", "replace")
-        return RowStatus(ok=ok, messages=messages)
+        return RowStatus(ok=ok, messages=messages, gq_only=status == 3)
 
     def log_density(self, model: int, z: np.ndarray, *, propto: bool, jacobian: bool,
                     threads: int) -> tuple[np.ndarray, RowStatus]:

@@ -415,10 +415,27 @@ class StanTarget:
     def constrain(self, z: np.ndarray, *, include_tp: bool = True, include_gq: bool = True,
                   seed: int | None = None) -> dict[str, np.ndarray]:
         """Constrained variables by Stan name, each (B, *shape).  Generated quantities draw from
-        an RNG seeded by (seed, row), so results do not depend on the thread count.  Rows whose
-        generated quantities throw are NaN."""
-        flat, _ = self.constrain_flat(z, include_tp=include_tp, include_gq=include_gq, seed=seed)
-        return {v.name: v.extract(flat) for v in self._variables[(include_tp, include_gq)]}
+        an RNG seeded by (seed, row), so results do not depend on the thread count.  Where the
+        generated quantities throw, only they are NaN: the draw's parameters and transformed
+        parameters are kept, as Stan's writers keep them (see :meth:`constrain_reporting`)."""
+        return self.constrain_reporting(z, include_tp=include_tp, include_gq=include_gq,
+                                        seed=seed)[0]
+
+    def constrain_reporting(self, z: np.ndarray, *, include_tp: bool = True,
+                            include_gq: bool = True, seed: int | None = None
+                            ) -> tuple[dict[str, np.ndarray], int, str]:
+        """:meth:`constrain`, plus the number of rows whose generated quantities could not be
+        computed and the model's first message for them ('' if none)."""
+        z = self._prepare(z)
+        k = len(self._names[(include_tp, include_gq)])
+        flat, st = self._batched.constrain(self._handle, z, k, include_tp=include_tp,
+                                           include_gq=include_gq,
+                                           seed=self.seed if seed is None else int(seed),
+                                           threads=self.threads)
+        gq_rows = np.flatnonzero(st.gq_only) if st.gq_only is not None else np.array([], int)
+        message = st.messages.get(int(gq_rows[0]), "") if len(gq_rows) else ""
+        values = {v.name: v.extract(flat) for v in self._variables[(include_tp, include_gq)]}
+        return values, int(len(gq_rows)), message.strip()
 
     def unconstrain(self, values: Mapping[str, Any]) -> np.ndarray:
         """The unconstrained vector (D,) for constrained parameter values given by name."""

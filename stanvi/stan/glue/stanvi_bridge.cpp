@@ -55,6 +55,7 @@ print_callback_t print_callback = nullptr;
 constexpr int kRowOk = 0;
 constexpr int kRowThrew = 1;
 constexpr int kRowNonFinite = 2;
+constexpr int kRowGqFailed = 3;  // constrain: parameters and TPs written, generated quantities NaN
 
 #ifdef STAN_MODEL_FVAR_VAR
 constexpr bool kExactHvp = true;
@@ -614,7 +615,10 @@ int stanvi_batch_hvp(const bs_model* m, bool propto, bool jacobian, int n, const
 
 // Constrained values (parameters, and optionally transformed parameters and generated
 // quantities) for each row.  Row i draws its generated quantities from an RNG seeded by
-// (seed, i + 1), so results do not depend on the number of threads.
+// (seed, i + 1), so results do not depend on the number of threads.  When a row throws with
+// generated quantities requested, it is written again without them: as Stan's writers do, the
+// parameters and transformed parameters of the draw are kept and only the generated quantities
+// are NaN (status kRowGqFailed, with the generated quantities' message).
 int stanvi_batch_constrain(const bs_model* m, bool include_tp, bool include_gq, int n,
                            const double* theta_unc, double* out, unsigned int seed, int* status,
                            char* msgs, int msg_len, int n_threads) {
@@ -632,6 +636,20 @@ int stanvi_batch_constrain(const bs_model* m, bool include_tp, bool include_gq, 
     });
     if (status[i] != kRowOk) {
       for (int j = 0; j < k; ++j) row_out[j] = std::numeric_limits<double>::quiet_NaN();
+      if (include_gq) {
+        const int k0 = m->num[include_tp][false];
+        try {
+          std::ostringstream ignored;
+          Vec x = Eigen::Map<const Vec>(theta_unc + static_cast<size_t>(i) * d, d);
+          Vec values;
+          stan::rng_t rng = stan::services::util::create_rng(seed, static_cast<unsigned int>(i) + 1);
+          m->model->write_array(rng, x, values, include_tp, false, &ignored);
+          Eigen::Map<Vec>(row_out, k0) = values;
+          status[i] = kRowGqFailed;
+        } catch (...) {
+          // the parameters or transformed parameters fail too: the whole row stays NaN
+        }
+      }
     }
   });
   int failed = 0;
