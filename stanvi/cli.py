@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from stanvi.errors import StanviError
@@ -108,6 +110,9 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"model file not found: {model}")
     if args.data is not None and not Path(args.data).is_file():
         raise FileNotFoundError(f"data file not found: {args.data}")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise FileExistsError(f"--output {args.output} is an existing file; give a directory "
+                              f"(it is created if needed)")
     options = dict(args.option or [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -278,9 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_interrupt(signum, frame) -> None:  # noqa: ARG001
+    """Ctrl-C: one line and exit status 130 wherever the signal lands (a KeyboardInterrupt
+    raised inside a JAX host callback used to surface as a 95-line XLA traceback).  Nothing is
+    lost: a fit writes its outputs only at the end, atomically."""
+    sys.stderr.write("stanvi: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("STANVI_DEBUG", "") not in ("", "0")
+    if not debug and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _exit_on_interrupt)
     try:
         return args.func(args)
     except StanviError as exc:
@@ -288,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"stanvi: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
+            PermissionError) as exc:
         if debug:
             raise
         print(f"stanvi: error: {exc}", file=sys.stderr)

@@ -11,6 +11,11 @@ class StanviError(Exception):
     """Base class of every error stanvi raises on purpose."""
 
 
+class CacheDirError(StanviError, PermissionError):
+    """The stanvi cache directory cannot be created or written (an OSError too, so code that
+    treats the cache as optional keeps working)."""
+
+
 class ToolchainError(StanviError):
     """The Stan toolchain (stanc, headers, a C++ compiler) is missing or broken."""
 

@@ -179,3 +179,85 @@ def test_throwing_generated_quantity_keeps_the_draw(tmp_path):
     summary = fit.summary()
     assert summary.loc["mu", "mean"] == pytest.approx(mu.mean(), rel=1e-12)
     assert abs(summary.loc["mu", "mean"] - fit.mean[0]) < 5 * fit.covariance[0, 0] ** 0.5 / 30
+
+
+# ------------------------------------------------------------------------------ the command line (item 9)
+
+def _cli(*args, env=None, timeout=300):
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "stanvi.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+
+
+def test_cli_output_that_is_a_file_is_refused_before_the_fit(tmp_path):
+    from conftest import MODELS_DIR  # noqa: PLC0415
+
+    stan = MODELS_DIR / "bernoulli" / "bernoulli.stan"
+    existing = tmp_path / "out.txt"
+    existing.write_text("keep me")
+    res = _cli("fit", str(stan), "--data", str(stan.with_suffix(".data.json")), "--output",
+               str(existing))
+    assert res.returncode == 1
+    assert "is an existing file; give a directory" in res.stderr
+    assert "Traceback" not in res.stderr and existing.read_text() == "keep me"
+
+
+def test_cli_read_only_cache_dir_names_it_and_the_remedy(tmp_path):
+    import os  # noqa: PLC0415
+
+    if os.geteuid() == 0:
+        pytest.skip("root can write into a read-only directory; the check cannot fail here")
+    cache = tmp_path / "ro"
+    cache.mkdir()
+    cache.chmod(0o500)
+    from conftest import MODELS_DIR  # noqa: PLC0415
+
+    res = _cli("compile", str(MODELS_DIR / "bernoulli" / "bernoulli.stan"),
+               env={"STANVI_CACHE_DIR": str(cache)})
+    assert res.returncode == 1 and str(cache) in res.stderr and "STANVI_CACHE_DIR" in res.stderr
+
+
+def test_cache_dir_check_names_the_directory(tmp_path, monkeypatch):
+    """The check itself (runs as root too): an unwritable or uncreatable directory is a
+    CacheDirError naming it and STANVI_CACHE_DIR."""
+    from stanvi.errors import CacheDirError  # noqa: PLC0415
+    from stanvi.stan import cache  # noqa: PLC0415
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("STANVI_CACHE_DIR", str(blocker / "sub"))
+    with pytest.raises(CacheDirError, match="STANVI_CACHE_DIR") as info:
+        cache.cache_root()
+    assert str(blocker / "sub") in str(info.value)
+    assert isinstance(info.value, PermissionError)  # optional users of the cache still cope
+    monkeypatch.setattr(cache.os, "access", lambda *a: False)
+    monkeypatch.setenv("STANVI_CACHE_DIR", str(tmp_path / "ok"))
+    with pytest.raises(CacheDirError, match="not writable"):
+        cache.cache_root()
+
+
+def test_cli_interrupt_prints_one_line_and_exits_130(tmp_path):
+    """SIGINT during a fit: 'stanvi: interrupted', status 130, no traceback."""
+    import signal  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from conftest import MODELS_DIR  # noqa: PLC0415
+
+    stan = MODELS_DIR / "hierarchical_radon" / "hierarchical_radon.stan"
+    proc = subprocess.Popen([sys.executable, "-m", "stanvi.cli", "fit", str(stan), "--data",
+                             str(stan.with_suffix(".data.json")), "--method", "trustvi",
+                             "--profile", "paper", "--option", "tol_model=null",
+                             "--option", "max_iters=100000", "--option", "delta_min=1e-300",
+                             "--output", str(tmp_path / "out")],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    time.sleep(12)  # inside the fit (imports and a cached model load take a few seconds)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "stanvi: interrupted" in err and "Traceback" not in err

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from stanvi.errors import CacheDirError
+
 
 def cache_root() -> Path:
     """The cache root directory (created if needed)."""
@@ -35,7 +37,15 @@ def cache_root() -> Path:
     else:
         base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         root = Path(base) / "stanvi"
-    root.mkdir(parents=True, exist_ok=True)
+    hint = ("set STANVI_CACHE_DIR to a writable directory (compiled models and the JAX "
+            "compilation cache live there)")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CacheDirError(f"cannot create the stanvi cache directory {root}: "
+                            f"{exc.strerror or exc}; {hint}") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise CacheDirError(f"the stanvi cache directory {root} is not writable; {hint}")
     return root
 
 
