@@ -261,3 +261,11 @@ def test_cli_interrupt_prints_one_line_and_exits_130(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "stanvi: interrupted" in err and "Traceback" not in err
+
+
+def test_hfsgvi_on_an_improper_posterior_fails_with_the_reason():
+    """Before: status 'max_iters' with q's sd infinite and a summary mean of 5.7e214."""
+    fit = stanvi.fit(flat, dim=1, method="hfsgvi", seed=0, progress=False, draws=10)
+    assert fit.status == "failed"
+    assert "improper" in fit.message and "grew without bound" in fit.message
+    assert np.all(np.isfinite(fit.params))

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
+from stanvi.methods.checks import divergence
 from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
                                    purpose_key)
 from stanvi.methods.context import RunContext
@@ -143,6 +144,10 @@ def _run(family, *, key: jax.Array, options: Options, context: RunContext) -> Me
             status, message = "failed", f"overflow: the Newton step gave non-finite parameters at iteration {t}"
             break
         params = new
+        runaway = divergence(family, params)
+        if runaway:  # an improper posterior: the ELBO rises without bound (issue P2-1c)
+            status, message = "failed", f"diverged at iteration {t}: {runaway}"
+            break
         elbo_here = float(np.mean(ge.values))
         trace.record(t, params, ledger, step_norm=norm, n_hvp=n_hvp, cg_status=cg_status,
                      grad_norm=float(np.linalg.norm(ge.gradient)), elbo=elbo_here)
