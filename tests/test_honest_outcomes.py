@@ -267,5 +267,5 @@ def test_hfsgvi_on_an_improper_posterior_fails_with_the_reason():
     """Before: status 'max_iters' with q's sd infinite and a summary mean of 5.7e214."""
     fit = stanvi.fit(flat, dim=1, method="hfsgvi", seed=0, progress=False, draws=10)
     assert fit.status == "failed"
-    assert "improper" in fit.message and "grew without bound" in fit.message
+    assert fit.message.startswith("overflow") and "may be improper" in fit.message
     assert np.all(np.isfinite(fit.params))

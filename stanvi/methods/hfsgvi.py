@@ -144,9 +144,12 @@ def _run(family, *, key: jax.Array, options: Options, context: RunContext) -> Me
             status, message = "failed", f"overflow: the Newton step gave non-finite parameters at iteration {t}"
             break
         params = new
-        runaway = divergence(family, params)
-        if runaway:  # an improper posterior: the ELBO rises without bound (issue P2-1c)
-            status, message = "failed", f"diverged at iteration {t}: {runaway}"
+        if divergence(family, params):  # q ran away: never 'max_iters' with sd = inf (P2-1c)
+            sd = float(np.max(family.marginal_sd(params)))
+            status, message = "failed", (
+                f"overflow: q's scale grew without bound (sd {sd:.3g}) at iteration {t}: "
+                f"HFSGVI's undamped Newton steps are unstable, or the posterior may be improper "
+                f"(compare with method='trustvi', which tells the two apart)")
             break
         elbo_here = float(np.mean(ge.values))
         trace.record(t, params, ledger, step_norm=norm, n_hvp=n_hvp, cg_status=cg_status,
