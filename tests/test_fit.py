@@ -232,9 +232,12 @@ def test_bad_init_is_a_clear_error(eight_schools):
 
 
 @pytest.mark.parametrize("method", ["trustvi", "hfsgvi", "advi"])
-def test_budget_stops_with_status_budget(eight_schools, method):
+def test_budget_stops_with_status_budget(eight_schools, gaussian, method):
+    # HFSGVI's undamped Newton step overflows on eight schools at its first iteration (now a
+    # 'failed' run, issue P2-1c); the budget is tested where it stays stable
+    target = gaussian if method == "hfsgvi" else eight_schools
     budget = 3.0
-    fit = stanvi.fit(eight_schools, method=method, seed=0, max_oracle_calls=budget,
+    fit = stanvi.fit(target, method=method, seed=0, max_oracle_calls=budget,
                      progress=False, draws=5)
     assert fit.status == "budget", fit.message
     spent = fit.trace.column("oracle_scaled")
