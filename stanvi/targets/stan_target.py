@@ -404,13 +404,18 @@ class StanTarget:
     def constrain_flat(self, z: np.ndarray, *, include_tp: bool = True, include_gq: bool = True,
                        seed: int | None = None) -> tuple[np.ndarray, BatchResult]:
         """Flat constrained rows (B, K) in Stan's column order, plus per-row status."""
+        out, st = self._constrain_rows(z, include_tp, include_gq, seed)
+        return out, BatchResult(np.zeros(out.shape[0]), ok=st.ok, messages=st.messages)
+
+    def _constrain_rows(self, z: np.ndarray, include_tp: bool, include_gq: bool,
+                        seed: int | None):
+        """One batched constrain call: flat rows (B, K) and the library's RowStatus."""
         z = self._prepare(z)
         k = len(self._names[(include_tp, include_gq)])
-        out, st = self._batched.constrain(self._handle, z, k, include_tp=include_tp,
-                                          include_gq=include_gq,
-                                          seed=self.seed if seed is None else int(seed),
-                                          threads=self.threads)
-        return out, BatchResult(np.zeros(z.shape[0]), ok=st.ok, messages=st.messages)
+        return self._batched.constrain(self._handle, z, k, include_tp=include_tp,
+                                       include_gq=include_gq,
+                                       seed=self.seed if seed is None else int(seed),
+                                       threads=self.threads)
 
     def constrain(self, z: np.ndarray, *, include_tp: bool = True, include_gq: bool = True,
                   seed: int | None = None) -> dict[str, np.ndarray]:
@@ -426,12 +431,7 @@ class StanTarget:
                             ) -> tuple[dict[str, np.ndarray], int, str]:
         """:meth:`constrain`, plus the number of rows whose generated quantities could not be
         computed and the model's first message for them ('' if none)."""
-        z = self._prepare(z)
-        k = len(self._names[(include_tp, include_gq)])
-        flat, st = self._batched.constrain(self._handle, z, k, include_tp=include_tp,
-                                           include_gq=include_gq,
-                                           seed=self.seed if seed is None else int(seed),
-                                           threads=self.threads)
+        flat, st = self._constrain_rows(z, include_tp, include_gq, seed)
         gq_rows = np.flatnonzero(st.gq_only) if st.gq_only is not None else np.array([], int)
         message = st.messages.get(int(gq_rows[0]), "") if len(gq_rows) else ""
         values = {v.name: v.extract(flat) for v in self._variables[(include_tp, include_gq)]}
