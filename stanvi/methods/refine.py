@@ -1,6 +1,6 @@
 """Final refinement of a variational fit on a fixed sample: a deterministic trust-region Newton
-method on the sample-average ELBO (stanvi's addition to TrustVI, docs/algorithms.md, "TrustVI:
-the certified stop").
+method on the sample-average ELBO (stanvi's addition to TrustVI, docs/methods.md, "Why
+`default` changed").
 
 Why.  A stochastic method stops on noisy evidence: its last iterate carries the Monte Carlo noise
 of its last small batches (on ``a ~ normal(5, 1)`` the mean ended up to 0.26 sd off and the sd up

@@ -112,7 +112,7 @@ class Options:
     warmup: bool = False              # accept nothing until δ has grown and shrunk once [R]
     ineq11_factor_two: bool = True    # [R] omits the factor 2 of Inequality 11
     n_change_policy: str = "retrospective"  # 'retrospective' (§4.6) | 'reference' [R]
-    # stanvi's additions for ill-conditioned posteriors (docs/algorithms.md, "TrustVI")
+    # stanvi's additions for ill-conditioned posteriors (docs/methods.md, "Why `default` changed")
     metric: str = "euclidean"         # trust-region norm: 'euclidean' [P] | 'fisher' (q's Fisher diagonal) [C]
     certify_tol: float | None = None  # before stopping on tol_model, re-solve to this residual [C]
     gain_estimate: str = "plugin"     # Newton gain for tol_model: 'plugin' ½ḡᵀB⁻¹ḡ | 'split' ½g_aᵀB⁻¹g_b [C]
@@ -483,7 +483,8 @@ def _honest_outcome(target, family, params, key, status: str, message: str, coun
         return "failed", (support_failure_message(fraction, model_message,
                                                   accepted=counts["accepted"])
                           + f" [TrustVI: {message}]")
-    if never_moved and status == "converged":
+    if never_moved and status == "converged" and "refined:" not in message:
+        # (a stop the refinement certified stands: the warm start may already sit at the optimum)
         return "max_iters", f"no step was ever accepted ({message})"
     return status, message
 

@@ -1,5 +1,5 @@
 """A Laplace warm start for variational methods: the mode of log p found by L-BFGS, and q's
-scales from the Hessian there (stanvi's addition, docs/algorithms.md, "TrustVI: warm start").
+scales from the Hessian there (stanvi's addition, docs/methods.md, "Why `default` changed").
 
 Stan's initialization, uniform(−2, 2) on the unconstrained scale, is far from posteriors in raw
 units (a regression on heights in cm: the initial ELBO is −3e9; a mean near 1,500: a hundred
