@@ -1,26 +1,92 @@
-"""JAX settings stanvi relies on: float64 everywhere (DESIGN.md) and the persistent compilation
-cache, so a second fit of the same model does not compile its step functions again.
+"""JAX settings stanvi relies on: float64 everywhere (DESIGN.md) and JAX's persistent compilation
+cache, so a new process (a script, a notebook kernel, a CLI call) that fits a model fitted before
+loads its compiled step functions from disk instead of compiling them again.
 
-The cache lives under the stanvi cache root (``$STANVI_CACHE_DIR`` …/jax); set
-``STANVI_JAX_CACHE=0`` to turn it off.  (JAX does not persist executables that contain host
-callbacks, so for Stan targets it mainly saves the pure-JAX parts.)
+The cache is on by default, in ``<stanvi cache root>/jax`` (``$STANVI_CACHE_DIR/jax``, default
+``~/.cache/stanvi/jax``).  Turn it off with ``STANVI_JAX_CACHE=0`` in the environment (read when
+``stanvi`` is imported) or :func:`set_persistent_cache` ``(False)`` in the process; a cache
+directory the user already gave JAX (``JAX_COMPILATION_CACHE_DIR`` or
+``jax.config.update("jax_compilation_cache_dir", ...)`` before importing stanvi) is kept.
+
+What makes it effective (issue 8, part 3):
+
+* every program is persisted, however quickly it compiled (``min_compile_time_secs = 0``; JAX's
+  default of 1 s would skip all of a small model's step functions, which compile in 10–300 ms
+  each but add up to seconds);
+* JAX never persists a program containing a host callback (``jax.pure_callback``), so a Stan
+  target is called through XLA FFI custom calls whose only attribute is the target's index in the
+  handler's registry (:mod:`stanvi.targets.jax_ffi`), the same in every process; an address
+  there would make every process's programs different and every lookup miss;
+* batch shapes come from a small fixed set (powers of two, :func:`stanvi.estimators.elbo.bucket`)
+  so the same few programs serve every iteration, every fit and every process.
+
+The cache grows without bound (JAX's size limit rescans the whole directory on every write);
+deleting the directory is always safe.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import jax
 
+ENV_VAR = "STANVI_JAX_CACHE"
+MIN_COMPILE_TIME_SECS = 0.0
 
-def configure() -> None:
-    jax.config.update("jax_enable_x64", True)
-    if os.environ.get("STANVI_JAX_CACHE", "1") == "0":
-        return
+_state: dict[str, object] = {"ours": None}  # the directory stanvi set, None when it set none
+
+
+def _env_enabled() -> bool:
+    return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def default_cache_dir() -> Path:
+    """``<stanvi cache root>/jax`` (the root honours ``$STANVI_CACHE_DIR``)."""
     from stanvi.stan.cache import cache_root  # noqa: PLC0415
 
+    return cache_root() / "jax"
+
+
+def set_persistent_cache(enabled: bool = True, directory: str | os.PathLike | None = None) -> None:
+    """Turn JAX's persistent compilation cache on (in ``directory``, default
+    :func:`default_cache_dir`) or off, for programs compiled from now on in this process."""
+    from jax._src import compilation_cache  # noqa: PLC0415
+
+    if not enabled:
+        jax.config.update("jax_enable_compilation_cache", False)
+        _state["ours"] = None
+        compilation_cache.reset_cache()
+        return
+    path = Path(directory) if directory is not None else default_cache_dir()
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_SECS)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _state["ours"] = str(path)
+    compilation_cache.reset_cache()  # the next compilation opens the cache at the new path
+
+
+def persistent_cache_dir() -> str | None:
+    """The directory JAX's persistent compilation cache uses now, or None when it is off."""
+    if not jax.config.jax_enable_compilation_cache:
+        return None
+    return jax.config.jax_compilation_cache_dir
+
+
+def configure() -> None:
+    """float64, and the persistent compilation cache unless ``$STANVI_JAX_CACHE`` turns it off
+    (run when ``stanvi`` is imported)."""
+    jax.config.update("jax_enable_x64", True)
+    if not _env_enabled():
+        set_persistent_cache(False)
+        return
+    user_dir = jax.config.jax_compilation_cache_dir
+    if user_dir and user_dir != _state["ours"]:
+        # the user chose a directory: keep it, but persist small programs too
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_SECS)
+        return
     try:
-        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "jax"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
-    except (AttributeError, OSError, ValueError):  # an older JAX or an unwritable cache
-        pass
+        set_persistent_cache(True)
+    except OSError:  # an unwritable cache root: fits still work, they just compile
+        set_persistent_cache(False)

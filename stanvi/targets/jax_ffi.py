@@ -7,11 +7,15 @@ source) into the compile cache, registers its three handlers as CPU custom-call 
 gives :mod:`stanvi.targets.jax_bridge` ``jax.ffi.ffi_call`` equivalents of its callbacks.
 
 **One handler object serves every model.**  The handlers know nothing about Stan: each call
-carries one attribute, the address of the target's shared state (:attr:`StanTarget._ffi_state`,
+carries one attribute, the index of the target's shared state (:attr:`StanTarget._ffi_state`,
 an int64 array holding the model handle, the library's ``stanvi_batch_*`` entry points, the
-thread count, the HVP mode and the oracle counters), and calls the model library's batched
-entry points through those function pointers.  So model libraries are unchanged and cached as
-before; a jaxlib upgrade rebuilds only this small object (~5 s).
+thread count, the HVP mode and the oracle counters) in the handler object's registry of states,
+and calls the model library's batched entry points through those function pointers.  An index
+(0 for a process's first target), not the state's address, so a program lowered in one process
+is identical to the one lowered in the next, and JAX's persistent compilation cache serves it
+(:mod:`stanvi.jax_config`); an address would differ from process to process and miss.  So
+model libraries are unchanged and cached as before; a jaxlib upgrade rebuilds only this small
+object (~5 s).
 
 When the object cannot be built (no compiler, jaxlib without FFI headers, a jaxlib whose FFI
 API does not match), :func:`ffi_available` is False with the reason in :func:`ffi_unavailable_reason`
@@ -90,6 +94,9 @@ def _load() -> None:
             if slots != FFI_STATE_SLOTS:
                 raise RuntimeError(f"{library} has {slots} state slots, StanTarget "
                                    f"{FFI_STATE_SLOTS}")
+            lib.stanvi_ffi_register_state.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+            lib.stanvi_ffi_register_state.restype = ctypes.c_int
+            lib.stanvi_ffi_max_states.restype = ctypes.c_int64
             for name, symbol in TARGETS.values():
                 jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, symbol)),
                                             platform="cpu")
@@ -126,15 +133,37 @@ def resolve_backend(backend: str | None) -> str:
     return "callback"
 
 
+_indices: dict[int, int] = {}  # state address -> its index in the handler object's registry
+
+
+def state_index(state_address: int) -> int:
+    """The registry index of the state at ``state_address``, registering it on first use.
+
+    Indices are handed out in order (0, 1, ...) and never reused: states live for the whole
+    process (see :mod:`stanvi.targets.stan_target`), so an index always names the same state."""
+    if not ffi_available():
+        raise RuntimeError(f"the XLA FFI bridge is not available: {ffi_unavailable_reason()}")
+    lib = _state["lib"]
+    with _lock:
+        index = _indices.get(state_address)
+        if index is None:
+            index = len(_indices)
+            if lib.stanvi_ffi_register_state(index, state_address) != 0:  # type: ignore[union-attr]
+                raise RuntimeError(f"the XLA FFI bridge holds at most "
+                                   f"{lib.stanvi_ffi_max_states()} targets per process")  # type: ignore[union-attr]
+            _indices[state_address] = index
+    return index
+
+
 def ffi_calls(state_address: int, owner: object = None):
     """``(log_density, value_grad, value_grad_hvp)``: functions of points z (..., D) (and
     directions v of the same shape) returning arrays like the bridge's callbacks, each one XLA
     custom call.  ``state_address`` is the target's shared state (see the module docstring);
     the functions keep ``owner`` (the target) alive, so a function traced from them never
     outlives the model it calls."""
-    if not ffi_available():
-        raise RuntimeError(f"the XLA FFI bridge is not available: {ffi_unavailable_reason()}")
-    state = np.uint64(state_address)  # numpy scalars carry their dtype into the attribute
+    # the attribute is the state's registry index (see the module docstring); numpy scalars
+    # carry their dtype into the attribute
+    state = np.uint64(state_index(state_address))
 
     def scalar(z):
         return jax.ShapeDtypeStruct(z.shape[:-1], jnp.float64)

@@ -6,11 +6,14 @@
 // compiled once per (compiler, jaxlib) against jaxlib's XLA FFI headers (jax.ffi.include_dir())
 // and one object serves every model.
 //
-// Each call gets one attribute, `state`: the address of a StanTarget's shared state, an int64
+// Each call gets one attribute, `state`: the index, in this object's registry of states
+// (stanvi_ffi_register_state), of a StanTarget's shared state, an int64
 // array owned by Python (see StanTarget._ffi_state) that holds the model handle, the entry
 // points, the thread count and HVP mode, and the oracle counters that this handler bumps
 // (atomically) so that `target.counter` counts draws evaluated through XLA exactly as it counts
-// its own batched calls, wall time in C++ included.
+// its own batched calls, wall time in C++ included.  The attribute is a small index, not the
+// state's address, so a lowered program is the same in every process (the first target of a
+// process has index 0) and XLA's persistent compilation cache can serve it to the next process.
 //
 // Semantics match StanTarget's batched methods bit for bit: the same entry points and thread
 // count, log p<propto=false, jacobian=true>, a failed row gives -inf and NaN derivatives, a row
@@ -68,10 +71,16 @@ void add(int64_t* state, int slot, int64_t n) {
   __atomic_fetch_add(state + slot, n, __ATOMIC_RELAXED);
 }
 
+// Registry of states (index -> address), filled by stanvi_ffi_register_state.
+constexpr int64_t kMaxStates = 1 << 16;
+std::atomic<int64_t*> g_states[kMaxStates];
+
 // Validates the state and the points (..., D); on success sets *state_out, *n_out, *d_out.
-ffi::Error check(uint64_t state_address, const ffi::Buffer<ffi::F64>& z, int64_t** state_out,
+ffi::Error check(uint64_t state_index, const ffi::Buffer<ffi::F64>& z, int64_t** state_out,
                  int* n_out, int* d_out) {
-  auto* state = reinterpret_cast<int64_t*>(state_address);
+  int64_t* state = state_index < static_cast<uint64_t>(kMaxStates)
+                       ? g_states[state_index].load(std::memory_order_acquire)
+                       : nullptr;
   if (state == nullptr || load(state, kSlotMagic) != kMagic) {
     return ffi::Error::InvalidArgument("stanvi FFI: invalid target state");
   }
@@ -143,10 +152,10 @@ bool choose_finite_difference(HvpFn fn, const void* model, int threads, int n, i
 }
 
 ffi::Error LogDensityImpl(ffi::Buffer<ffi::F64> z, ffi::ResultBuffer<ffi::F64> lp,
-                          uint64_t state_address) {
+                          uint64_t state_index) {
   int64_t* state;
   int n, d;
-  if (ffi::Error e = check(state_address, z, &state, &n, &d); e.failure()) return e;
+  if (ffi::Error e = check(state_index, z, &state, &n, &d); e.failure()) return e;
   if (lp->element_count() != static_cast<size_t>(n)) {
     return ffi::Error::InvalidArgument("stanvi FFI: log density output has the wrong size");
   }
@@ -162,10 +171,10 @@ ffi::Error LogDensityImpl(ffi::Buffer<ffi::F64> z, ffi::ResultBuffer<ffi::F64> l
 }
 
 ffi::Error GradientImpl(ffi::Buffer<ffi::F64> z, ffi::ResultBuffer<ffi::F64> lp,
-                        ffi::ResultBuffer<ffi::F64> grad, uint64_t state_address) {
+                        ffi::ResultBuffer<ffi::F64> grad, uint64_t state_index) {
   int64_t* state;
   int n, d;
-  if (ffi::Error e = check(state_address, z, &state, &n, &d); e.failure()) return e;
+  if (ffi::Error e = check(state_index, z, &state, &n, &d); e.failure()) return e;
   if (lp->element_count() != static_cast<size_t>(n) ||
       grad->element_count() != z.element_count()) {
     return ffi::Error::InvalidArgument("stanvi FFI: gradient outputs have the wrong size");
@@ -183,10 +192,10 @@ ffi::Error GradientImpl(ffi::Buffer<ffi::F64> z, ffi::ResultBuffer<ffi::F64> lp,
 
 ffi::Error HvpImpl(ffi::Buffer<ffi::F64> z, ffi::Buffer<ffi::F64> v,
                    ffi::ResultBuffer<ffi::F64> lp, ffi::ResultBuffer<ffi::F64> grad,
-                   ffi::ResultBuffer<ffi::F64> hvp, uint64_t state_address) {
+                   ffi::ResultBuffer<ffi::F64> hvp, uint64_t state_index) {
   int64_t* state;
   int n, d;
-  if (ffi::Error e = check(state_address, z, &state, &n, &d); e.failure()) return e;
+  if (ffi::Error e = check(state_index, z, &state, &n, &d); e.failure()) return e;
   if (v.element_count() != z.element_count()) {
     return ffi::Error::InvalidArgument("stanvi FFI: directions do not match the points");
   }
@@ -234,6 +243,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(StanviHvp, HvpImpl,
                                   .Ret<ffi::Buffer<ffi::F64>>()
                                   .Ret<ffi::Buffer<ffi::F64>>()
                                   .Attr<uint64_t>("state"));
+
+// Registers a StanTarget's state under `index` (0 <= index < stanvi_ffi_max_states()); the
+// `state` attribute of a call names it by that index.  Returns 0, or -1 for an index out of range.
+extern "C" int stanvi_ffi_register_state(int64_t index, int64_t* state) {
+  if (index < 0 || index >= kMaxStates) return -1;
+  g_states[index].store(state, std::memory_order_release);
+  return 0;
+}
+
+extern "C" int64_t stanvi_ffi_max_states() { return kMaxStates; }
 
 // The layout version the Python side checks before using this object.
 extern "C" int stanvi_ffi_state_slots() { return kSlotCount; }
