@@ -1,6 +1,6 @@
 """The stored mean-field optima of stan_models (``<stem>.optimum.json``, made by
-stan_models/compute_optima.py without any stanvi method) and the property they exist for:
-TrustVI's ``converged`` means converged (issue P2-1, part 1)."""
+stan_models/compute_optima.py without any stanvi method, read by stanvi.bench.optima) and the
+property they exist for: TrustVI's ``converged`` means converged (issue 8, part 1)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 import stanvi
 from stanvi.bench.methods_bench import discover_models
-from stanvi.bench.stopping_bench import load_optimum
+from stanvi.bench.optima import MeanFieldOptimum, load_optimum
 from stanvi.estimators.elbo import estimator_for, standard_normal
 from stanvi.families import MeanField
 
@@ -21,62 +21,101 @@ from conftest import MODELS_DIR
 
 MODELS = {stem: (stan, data) for stem, stan, data in discover_models(MODELS_DIR)}
 EXACT = ("gaussian", "gaussian_diag", "gaussian_ill")
+SKIPPED = {"reject_region": "-inf"}  # documented: every Gaussian q has ELBO -inf
+NEW = ("raw_regression", "raw_regression_interaction", "loglog_heights", "raw_logistic",
+       "hier_multiplicative", "far_posterior", "gaussian_ill")
 
 
-def test_every_model_has_an_optimum():
-    for stem, (stan, _) in MODELS.items():
-        opt = load_optimum(stan)
-        assert opt is not None, f"{stem}: no {stan.with_suffix('.optimum.json').name}"
-        if opt["elbo"] is None:  # only where no Gaussian q has a finite ELBO
-            assert stem == "reject_region" and "-inf" in opt["reason"]
+def _exact(stem: str) -> tuple[np.ndarray, np.ndarray]:
+    data = json.loads(MODELS[stem][1].read_text())
+    if stem == "gaussian":
+        return np.array(data["m"]), np.array(data["Sigma"])
+    if stem == "gaussian_diag":
+        return np.array(data["mu"]), np.diag(np.array(data["sigma"]) ** 2)
+    q = np.array(data["Q"])
+    cov = q @ np.diag(data["lambda"]) @ q.T
+    return np.array(data["m"]), 0.5 * (cov + cov.T)
+
+
+def test_new_models_are_there():
+    for stem in NEW:
+        assert stem in MODELS and MODELS[stem][1] is not None, stem
+
+
+def test_every_model_with_data_has_an_optimum():
+    """Every model with a data file has its optimum; the starts agreed; only the documented
+    skips have no ELBO."""
+    for stem, (stan, data) in MODELS.items():
+        if data is None:
             continue
-        assert math.isfinite(opt["elbo"]) and len(opt["mu"]) == len(opt["sigma"]) == opt["dim"]
-        assert all(s > 0 for s in opt["sigma"])
-        starts = opt.get("starts") or opt["numerical"]["starts"]
-        assert len(starts) >= 2
+        opt = load_optimum(stan)
+        assert isinstance(opt, MeanFieldOptimum), f"{stem}: no {stan.stem}.optimum.json"
+        assert opt.model == stem and opt.dim > 0
+        if stem in SKIPPED:
+            assert opt.elbo is None and SKIPPED[stem] in opt.reason
+            continue
+        assert opt.available and math.isfinite(opt.elbo), stem
+        assert opt.mu.shape == opt.sigma.shape == (opt.dim,)
+        assert np.all(opt.sigma > 0) and np.all(np.isfinite(opt.mu))
+        assert opt.n_draws_fit == 4096 and opt.n_draws_eval == 100_000, stem
+        assert len(opt.starts) >= 3 and opt.starts_agree is True, (stem, dict(opt.starts))
+        assert opt.exact or opt.elbo_se > 0
+        assert {"stanvi", "stanc"} <= set(opt.versions), stem
+
+
+def test_load_optimum_names():
+    """A model can be named by stem, directory, .stan path or .optimum.json path."""
+    stan = MODELS["loglog_heights"][0]
+    by = [load_optimum("loglog_heights"), load_optimum(stan.parent), load_optimum(stan),
+          load_optimum(stan.with_suffix(".optimum.json"))]
+    assert all(o is not None and o.path == by[0].path for o in by)
+    assert load_optimum("eight_schools_centered").model == "eight_schools_centered"
+    assert load_optimum("no_such_model") is None
+    with pytest.raises(ValueError, match="name one"):
+        load_optimum(MODELS_DIR / "eight_schools")
+    opt = by[0]
+    np.testing.assert_array_equal(opt.params, np.concatenate([opt.mu, np.log(opt.sigma)]))
+    with pytest.raises(ValueError):
+        opt.mu[0] = 0.0  # read-only
 
 
 @pytest.mark.parametrize("stem", EXACT)
 def test_closed_form_optima(stem):
-    """μ* = m, σ*_i = 1/√Λ_ii, ELBO* = −½(log|Σ| + Σ log Λ_ii), recomputed from the data; the
-    numerical optimum (fresh-draw ELBO) is below ELBO* by no more than its noise and the
-    fixed-draw optimum's own suboptimality (~P/(2N) nats)."""
-    stan, data_path = MODELS[stem]
-    opt = load_optimum(stan)
-    data = json.loads(data_path.read_text())
-    if stem == "gaussian":
-        m, cov = np.array(data["m"]), np.array(data["Sigma"])
-    elif stem == "gaussian_diag":
-        m, cov = np.array(data["mu"]), np.diag(np.array(data["sigma"]) ** 2)
-    else:
-        q = np.array(data["Q"])
-        m, cov = np.array(data["m"]), q @ np.diag(data["lambda"]) @ q.T
-    precision = np.linalg.inv(0.5 * (cov + cov.T))
-    assert opt["exact"] is True
-    np.testing.assert_allclose(opt["mu"], m, rtol=0, atol=0)
-    np.testing.assert_allclose(opt["sigma"], 1 / np.sqrt(np.diag(precision)), rtol=1e-9)
+    """μ* = m and σ*_i = 1/√Λ_ii exactly, ELBO* = −½(log|Σ| + Σ log Λ_ii), recomputed from the
+    data; the fresh-draw ELBO at the exact optimum agrees with ELBO* within 3 standard errors
+    (checks log Z = 0: the density is normalized), and the numerical optimum found the same
+    point (its fresh-draw ELBO is no higher than ELBO* + 3 SE and no lower than ELBO* less its
+    fixed-draw suboptimality, ~P/(2N) nats)."""
+    opt = load_optimum(stem)
+    m, cov = _exact(stem)
+    precision = np.linalg.inv(cov)
+    assert opt.exact is True
+    np.testing.assert_array_equal(opt.mu, m)
+    np.testing.assert_allclose(opt.sigma, 1 / np.sqrt(np.diag(precision)), rtol=1e-9)
     elbo = -0.5 * (np.linalg.slogdet(cov)[1] + np.sum(np.log(np.diag(precision))))
-    assert opt["elbo"] == pytest.approx(elbo, abs=1e-9)
-    num = opt["numerical"]
-    slack = 5 * num["elbo_se"] + 2 * len(m) / 4096
-    assert elbo - slack <= num["elbo"] <= elbo + 5 * num["elbo_se"]
+    assert opt.elbo == pytest.approx(elbo, abs=1e-9)
+    num = opt.raw["numerical"]
+    assert abs(num["elbo_fresh_at_exact"] - elbo) <= 3 * num["elbo_fresh_at_exact_se"]
+    slack = 3 * num["elbo_se"] + 2 * len(m) / 4096
+    assert elbo - slack <= num["elbo"] <= elbo + 3 * num["elbo_se"]
 
 
 @pytest.mark.parametrize("stem", ["loglog_heights", "far_posterior"])
 def test_stored_optimum_is_stationary(stem):
     """On 4,096 fresh draws the ELBO gradient at the stored optimum is zero within its Monte
-    Carlo error (|mean| ≤ 6 standard errors in every coordinate)."""
+    Carlo error: |mean| ≤ 5 standard errors in every coordinate (P ≤ 6 coordinates, so a false
+    alarm has probability < 1e-5)."""
     stan, data = MODELS[stem]
     opt = load_optimum(stan)
     target = stanvi.load(str(stan), data=str(data), progress=False)
     est = estimator_for(target, MeanField(target.dim))
-    params = np.concatenate([opt["mu"], np.log(opt["sigma"])])
-    _, grads = est.values_and_grads(params, standard_normal(jax.random.PRNGKey(11), 4096,
-                                                            target.dim))
+    _, grads = est.values_and_grads(opt.params, standard_normal(jax.random.PRNGKey(11), 4096,
+                                                                target.dim))
     z = grads.mean(axis=0) / (grads.std(axis=0, ddof=1) / math.sqrt(len(grads)))
-    assert np.all(np.abs(z) <= 6.0), z
+    assert np.all(np.abs(z) <= 5.0), z
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stem", ["raw_regression_interaction", "loglog_heights",
                                   "far_posterior", "raw_logistic"])
 def test_converged_means_converged_on_ill_conditioned_models(stem):
@@ -91,4 +130,4 @@ def test_converged_means_converged_on_ill_conditioned_models(stem):
         fit = stanvi.fit(target, method="trustvi", seed=seed, progress=False, draws=10)
         assert fit.status == "converged", fit.message
         elbo, se = fit.elbo(20_000)
-        assert opt["elbo"] - elbo <= 0.1 + 5 * se, (seed, elbo, opt["elbo"])
+        assert opt.elbo - elbo <= 0.1 + 5 * se, (seed, elbo, opt.elbo)
