@@ -7,6 +7,8 @@
                                          CSV and the ArviZ DataTree (NetCDF)
     stanvi bench target                  cost of the Stan target layer (see stanvi.bench.target_bench)
     stanvi bench methods                 TrustVI vs ADVI vs HFSGVI on stan_models (methods_bench)
+    stanvi bench coldstart               first fit in a new process: fresh processes per
+                                         method x family (stanvi.bench.coldstart)
 
 Errors print one readable line (plus stanc's or Stan's own message) and exit with status 1
 (status 2 for a bad command line); ``--debug`` (or ``STANVI_DEBUG=1``) shows the traceback.
@@ -176,6 +178,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                            seeds=args.seeds, configs=configs,
                            output=Path(args.output) if args.output else None)
         return 0
+    if args.what == "coldstart":
+        from stanvi.bench import coldstart  # noqa: PLC0415
+
+        configs = coldstart.DEFAULT_CONFIGS
+        if args.configs:
+            configs = tuple(tuple(c.split(":", 1)) for c in args.configs.split(","))
+            if any(len(c) != 2 for c in configs):
+                raise SystemExit("stanvi bench coldstart: --configs takes method:family,...")
+        model = Path(args.model) if args.model else coldstart.DEFAULT_MODEL
+        data = Path(args.data) if args.data else (coldstart.DEFAULT_DATA if not args.model else None)
+        coldstart.run(model, data, configs=configs, reps=args.reps,
+                      jax_cache=not args.no_jax_cache,
+                      output=Path(args.output) if args.output else None)
+        return 0
     raise SystemExit(f"unknown benchmark {args.what}")
 
 
@@ -258,10 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
-    p.add_argument("what", choices=["target", "methods", "stopping"],
+    p.add_argument("what", choices=["target", "methods", "stopping", "coldstart"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
-                        "stopping: does 'converged' mean converged (against stored optima)")
+                        "stopping: does 'converged' mean converged (against stored optima); "
+                        "coldstart: import + first fit in fresh processes")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
@@ -271,11 +288,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=5, help="methods: runs per method and model (default 5)")
     p.add_argument("--configs", default=None,
                    help="methods: comma-separated method:profile list (default: trustvi:default,"
-                        "trustvi:paper,advi:paper,advi:stan,hfsgvi:paper)")
+                        "trustvi:paper,advi:paper,advi:stan,hfsgvi:paper); coldstart: "
+                        "method:family list (default: trustvi and advi x meanfield and fullrank)")
     p.add_argument("--output", default=None,
-                   help="methods: write the figures as JSON here (rewritten after every model)")
+                   help="methods: write the figures as JSON here (rewritten after every model); "
+                        "coldstart: write the runs as JSON here")
     p.add_argument("--resume", action="store_true",
                    help="methods: skip the models already in --output")
+    p.add_argument("--reps", type=int, default=3,
+                   help="coldstart: timed processes per configuration, after one warm-up "
+                        "(default 3; medians are printed)")
+    p.add_argument("--model", default=None,
+                   help="coldstart: the .stan file (default: eight schools, non-centred)")
+    p.add_argument("--data", default=None, help="coldstart: its data (JSON)")
+    p.add_argument("--no-jax-cache", action="store_true",
+                   help="coldstart: run the processes with STANVI_JAX_CACHE=0")
     p.add_argument("--budget", type=float, default=None,
                    help="methods: oracle budget per run in the paper's scaled units "
                         "(max_oracle_calls; default none)")

@@ -119,10 +119,13 @@ class Fit:
         est = self._estimator or estimator_for(self.target, self.family)
         key = jax.random.PRNGKey(self.seed + 1 if seed is None else seed)
         vals = []
+        # chunks of 1024 draws, the last one padded to a power of two (one compiled program
+        # per bucket, whatever n_draws is)
+        kwargs = {"bucketed": True} if isinstance(est, ElboEstimator) else {}
         for start in range(0, n_draws, 1024):
             n = min(1024, n_draws - start)
             vals.append(est.values(self.params, standard_normal(jax.random.fold_in(key, start), n,
-                                                                self.family.dim)))
+                                                                self.family.dim), **kwargs))
         v = np.concatenate(vals)
         return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v)))
 

@@ -17,8 +17,10 @@ What makes it effective (issue 8, part 3):
   target is called through XLA FFI custom calls whose only attribute is the target's index in the
   handler's registry (:mod:`stanvi.targets.jax_ffi`), the same in every process; an address
   there would make every process's programs different and every lookup miss;
-* batch shapes come from a small fixed set (powers of two, :func:`stanvi.estimators.elbo.bucket`)
-  so the same few programs serve every iteration, every fit and every process.
+* batch shapes come from a small fixed set, so the same few programs serve every iteration, fit
+  and process: TrustVI's sample sizes are powers of two, ADVI's are fixed options, and the output
+  draws (any ``draws=``) and ``Fit.elbo``'s chunks are padded to powers of two
+  (:func:`stanvi.estimators.elbo.bucket`).
 
 The cache grows without bound (JAX's size limit rescans the whole directory on every write);
 deleting the directory is always safe.

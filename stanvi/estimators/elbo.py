@@ -32,6 +32,16 @@ class GradientFailure(VIError):
     """Too many draws of a stochastic gradient failed (the model threw or was non-finite)."""
 
 
+def bucket(n: int) -> int:
+    """The batch size a draw count ``n`` is evaluated at when bucketed: the smallest power of two
+    ≥ n, so a few programs (1, 2, 4, …, compiled once and kept in JAX's persistent cache,
+    :mod:`stanvi.jax_config`) serve every draw count (DESIGN.md, "Conventions")."""
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"a batch needs at least one draw, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
 class CompiledByShape:
     """``jax.jit(fn)`` compiled ahead of time once per argument-shape signature, timing each
     compilation, so a fit can report JAX compile time apart from run time (DESIGN.md,
@@ -41,6 +51,11 @@ class CompiledByShape:
         self._jitted = jax.jit(fn)
         self._compiled: dict[tuple, Callable] = {}
         self.seconds = 0.0
+
+    @property
+    def signatures(self) -> list[tuple]:
+        """The argument shapes compiled so far."""
+        return list(self._compiled)
 
     def __call__(self, *args):
         args = tuple(np.asarray(a, dtype=np.float64) for a in args)
@@ -54,6 +69,52 @@ class CompiledByShape:
         return compiled(*args)
 
 
+class _PaddedRows:
+    """A row-wise :class:`CompiledByShape` function evaluated at a bucketed batch size.
+
+    Argument ``rows_arg`` holds the base draws (n, D); they are padded with zero rows to
+    :func:`bucket` (n) and every output, one row per draw, is cut back to its first n rows.
+    The padding rows (ε = 0, i.e. z = the mean of q) are evaluated too; the target's
+    :class:`~stanvi.targets.base.OracleCounter` is corrected so that it counts the n real draws
+    only (its ``seconds`` include the padding).
+
+    Exactness: each output row depends only on its own draw, and for the models tested (eight
+    schools, D = 10; a Gaussian, D = 10) padded rows are bit-for-bit those of the unpadded call
+    (``tests/test_coldstart.py``).  For a very small D, XLA vectorizes elementwise work across
+    the flattened rows, so a row can differ in its last bits with the batch size, between two
+    unpadded sizes just as between padded and unpadded ones (reject_region, D = 2: a few ulp)."""
+
+    def __init__(self, compiled: CompiledByShape, rows_arg: int, counter=None) -> None:
+        self.compiled = compiled
+        self.rows_arg = rows_arg
+        self.counter = counter
+
+    def __call__(self, *args, bucketed: bool = True):
+        eps = np.asarray(args[self.rows_arg], dtype=np.float64)
+        n = eps.shape[0]
+        if not bucketed or n == 0 or bucket(n) == n:
+            return self.compiled(*args)
+        size = bucket(n)
+        padded = np.zeros((size, *eps.shape[1:]), dtype=np.float64)
+        padded[:n] = eps
+        args = (*args[:self.rows_arg], padded, *args[self.rows_arg + 1:])
+        before = self.counter.snapshot() if self.counter is not None else None
+        out = self.compiled(*args)
+        out = tuple(np.asarray(o)[:n] for o in out) if isinstance(out, tuple) else np.asarray(out)[:n]
+        if before is not None:
+            self._uncount(before, n, size)
+        return out
+
+    def _uncount(self, before: dict[str, int], n: int, size: int) -> None:
+        """Take the padding rows back out of the counter: a kind that grew by m·size draws (m
+        model calls over the padded batch) is charged m·n."""
+        after = self.counter.snapshot()
+        for kind, count in after.items():
+            grew = count - before[kind]
+            if grew > 0 and grew % size == 0:
+                setattr(self.counter, kind, count - grew // size * (size - n))
+
+
 class ElboEstimator:
     """Jit-compiled ELBO pieces for one (family, log density) pair.
 
@@ -61,7 +122,16 @@ class ElboEstimator:
     (n, D) and return numpy arrays.
     """
 
-    def __init__(self, family, log_density: Callable[[jax.Array], jax.Array]) -> None:
+    def __init__(self, family, log_density: Callable[[jax.Array], jax.Array], *,
+                 counter=None, bucketing: bool = True) -> None:
+        """``counter``: the target's :class:`~stanvi.targets.base.OracleCounter`, corrected for
+        padding rows; ``bucketing``: False evaluates every call at its own size.
+
+        Which calls are bucketed: the output draws (:meth:`log_p_and_q`, any ``draws=`` a user
+        asks for) by default, and any row-wise call made with ``bucketed=True`` (``Fit.elbo``'s
+        chunks).  The calls a method makes in its loop run at the method's own sizes (``bucketed``
+        False): TrustVI's sample sizes are powers of two already and ADVI's are fixed options,
+        so neither compiles per iteration, and their numbers stay exactly as they were."""
         self.family = family
         self.log_density = log_density
 
@@ -90,34 +160,46 @@ class ElboEstimator:
         self._log_p_and_q = CompiledByShape(log_p_and_q)
         self._compiled = (self._values, self._values_and_grads, self._hvp, self._pair_differences,
                           self._log_p_and_q)
+        # the row-wise functions can run at bucketed batch sizes (see __init__'s docstring); the
+        # HVP averages over its draws, so it always runs at the caller's size
+        self._rows = {name: _PaddedRows(compiled, rows_arg, counter) for name, compiled, rows_arg in (
+            ("values", self._values, 1), ("values_and_grads", self._values_and_grads, 1),
+            ("pair_differences", self._pair_differences, 2), ("log_p_and_q", self._log_p_and_q, 1))}
+        self.bucketing = bool(bucketing)
+
+    def _row_call(self, name: str, args: tuple, bucketed: bool):
+        return self._rows[name](*args, bucketed=bucketed and self.bucketing)
 
     @property
     def compile_seconds(self) -> float:
         """Total JAX compilation time spent so far by this estimator."""
         return sum(c.seconds for c in self._compiled)
 
-    def values(self, params, eps) -> np.ndarray:
-        """ℓ(λ; ε_j) for each draw (n,)."""
-        return np.asarray(self._values(params, eps))
+    def values(self, params, eps, *, bucketed: bool = False) -> np.ndarray:
+        """ℓ(λ; ε_j) for each draw (n,); ``bucketed``: evaluated at :func:`bucket` (n) draws."""
+        return np.asarray(self._row_call("values", (params, eps), bucketed))
 
-    def values_and_grads(self, params, eps) -> tuple[np.ndarray, np.ndarray]:
+    def values_and_grads(self, params, eps, *, bucketed: bool = False
+                         ) -> tuple[np.ndarray, np.ndarray]:
         """ℓ(λ; ε_j) (n,) and the per-draw gradients G_j = ∇_λ ℓ(λ; ε_j) (n, P), entropy
         gradient included (§1.1: ∂/∂μ = g, ∂/∂ω = g ⊙ σ ⊙ ε + 1)."""
-        v, g = self._values_and_grads(params, eps)
+        v, g = self._row_call("values_and_grads", (params, eps), bucketed)
         return np.asarray(v), np.asarray(g)
 
     def hvp(self, params, eps, direction) -> np.ndarray:
         """∇²L̂(λ) v for the fixed draws ``eps`` (§1.1 / §6)."""
         return np.asarray(self._hvp(params, eps, direction))
 
-    def pair_differences(self, new, old, eps) -> np.ndarray:
+    def pair_differences(self, new, old, eps, *, bucketed: bool = False) -> np.ndarray:
         """Matched-pair ELBO changes ℓ(λ'; ε_i) − ℓ(λ; ε_i) (§4.1 step 5), one batched call of
         2n log densities; the entropy difference is exact."""
-        return np.asarray(self._pair_differences(new, old, eps))
+        return np.asarray(self._row_call("pair_differences", (new, old, eps), bucketed))
 
-    def log_p_and_q(self, params, eps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Draws z = g(λ, ε), log p(z) and log q(z) (for output draws and importance ratios)."""
-        z, lp, lq = self._log_p_and_q(params, eps)
+    def log_p_and_q(self, params, eps, *, bucketed: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draws z = g(λ, ε), log p(z) and log q(z) (for output draws and importance ratios),
+        evaluated at :func:`bucket` (n) draws unless ``bucketed`` is False."""
+        z, lp, lq = self._row_call("log_p_and_q", (params, eps), bucketed)
         return np.asarray(z), np.asarray(lp), np.asarray(lq)
 
 
@@ -127,7 +209,8 @@ def estimator_for(target, family) -> ElboEstimator:
     cache = target.__dict__.setdefault("_stanvi_estimators", {})
     est = cache.get(family)
     if est is None:
-        est = cache[family] = ElboEstimator(family, target.jax_log_density)
+        est = cache[family] = ElboEstimator(family, target.jax_log_density,
+                                            counter=getattr(target, "counter", None))
     return est
 
 
