@@ -603,3 +603,134 @@ def test_stan_model_with_reject_region():
     # draws evaluated = accepted draws + dropped draws (1 draw per gradient)
     accepted = r.ledger.gradient_draws - r.info["grad_failures"]
     assert target.counter.gradient == accepted + r.info["grad_draws_dropped"]
+
+
+# ============================================================================ issue 8: Stan's control flow, line for line
+# Each test below pins one path of [S] advi.hpp / normal_meanfield.hpp / normal_fullrank.hpp
+# that stanvi used to take differently.
+
+def test_eta_adaptation_keeps_nan_and_minus_infinity_as_stan_does():
+    """adapt_eta maps only a *thrown* calc_ELBO to −DBL_MAX; a NaN or −∞ ELBO is compared as it
+    is (IEEE comparisons, as in C++)."""
+    # NaN becomes elbo_best (NaN < −500 is false) and then blocks nothing: Stan goes on to η = 1
+    # and stops at 0.1.  Mapping NaN to −DBL_MAX stopped at once with η = 100.
+    assert _select([-500.0, np.nan, -600.0, -700.0]) == (1.0, [100.0, 10.0, 1.0, 0.1])
+    # with elbo_init = −∞ (calc_ELBO's sum overflowed), a first trial at −∞ stops at once with
+    # eta_best = 0: −∞ < −DBL_MAX and −DBL_MAX > −∞
+    assert _select([-np.inf], elbo_init=-np.inf) == (0.0, [100.0])
+    # ... while a failed first trial (−DBL_MAX) does not, and η = 0.01 then beats −∞
+    assert _select([-DBL_MAX] * 5, elbo_init=-np.inf) == (0.01, list(advi.ETA_GRID))
+    # a NaN elbo_init makes every comparison false: no early stop, and the last η fails
+    with pytest.raises(VIError, match="All proposed step-sizes failed"):
+        _select([-500.0, -600.0, -700.0, -800.0, -900.0], elbo_init=np.nan)
+
+
+def test_nan_trial_elbo_in_a_run(monkeypatch):
+    fake, _ = scripted_elbo([-1000.0, -500.0, np.nan, -600.0, -700.0, -300.0])
+    monkeypatch.setattr(advi, "calc_elbo", fake)
+    r = run_advi(GAUSS, MeanField(D), seed=2, max_iterations=100)
+    assert r.info["eta"] == 1.0
+    assert [a["eta"] for a in r.info["adapt_elbos"]] == [100.0, 10.0, 1.0, 0.1]
+    assert math.isnan(r.info["adapt_elbos"][1]["elbo"])
+
+
+# log p = −1e307 everywhere: every draw is finite, but 100 of them overflow Stan's running sum
+_HUGE = stanvi.JaxTarget(lambda z: -1e307 + 0.0 * jnp.sum(jnp.tanh(z)), 2, name="huge_negative")
+
+
+def test_elbo_sum_overflow_is_minus_infinity_and_eta_zero_fails_sgd():
+    """calc_ELBO sums log p in draw order, then divides: 100 × (−1e307) is −∞ with no dropped
+    draw.  With elbo_init = −∞ and the first trial at −∞, adapt_eta returns eta_best = 0 and
+    stochastic_gradient_ascent's check_positive("Eta stepsize") fails the run."""
+    family = MeanField(2)
+    est = estimator(_HUGE, family)
+    p0 = family.initial_params(np.zeros(2))
+    assert advi.calc_elbo(est, p0, jax.random.PRNGKey(0), 100) == -math.inf
+    # 10 draws do not overflow: the mean of −1e307 plus the entropy
+    h = float(family.entropy(jnp.asarray(p0)))
+    assert advi.calc_elbo(est, p0, jax.random.PRNGKey(0), 10) == pytest.approx(-1e307 + h)
+    r = run_advi(_HUGE, family, seed=0, max_iterations=100)
+    assert r.info["elbo_init"] == -math.inf
+    assert r.info["adapt_elbos"] == [{"eta": 100.0, "elbo": -math.inf}]
+    assert r.info["eta"] == 0.0
+    assert r.status == "failed" and "Eta stepsize is 0, but must be positive" in r.message
+    assert not rows(r, "sgd")
+    np.testing.assert_array_equal(r.params, r.trace.params[0])
+
+
+# log p = −5 with a zero gradient everywhere, ±∞ included
+_FLAT = stanvi.JaxTarget(lambda z: -5.0 + 0.0 * jnp.sum(jnp.tanh(z)), 2, name="flat")
+# bounded log p (|log p| ≤ 1e300) with a gradient of order 1e300
+_WAVY = stanvi.JaxTarget(lambda z: 1e300 * jnp.sum(jnp.sin(z)), 1, name="wavy")
+
+
+def test_nan_gradient_fails_calc_grad_without_dropping_draws():
+    """σ = exp(710) = ∞: every ζ is ±∞, where this target is finite with a zero gradient, so Stan
+    keeps every draw; ω's gradient mean(g·ε)·exp(ω) = 0·∞ is NaN and set_omega throws
+    std::domain_error: the gradient fails with no draw dropped (autodiff of the per-draw ℓ
+    instead found a NaN per draw and dropped ten)."""
+    family = MeanField(2)
+    est = estimator(_FLAT, family)
+    p0 = family.initial_params(np.zeros(2), 710.0)
+    chunk = advi.advance(est, p0, np.zeros(4), k0=0, n_steps=3, t0=0, eta=1.0,
+                         key=jax.random.PRNGKey(0), absorb=False, grad_samples=1)
+    assert chunk.fatal and chunk.n_done == 0
+    assert chunk.fatal_kind == advi.GRAD_NAN and chunk.fatal_drops == 0
+    # adaptation absorbs it as a zero gradient
+    chunk = advi.advance(est, p0, np.zeros(4), k0=0, n_steps=2, t0=0, eta=1.0,
+                         key=jax.random.PRNGKey(0), absorb=True, grad_samples=1)
+    assert list(chunk.grad_failed) == [advi.GRAD_NAN] * 2 and list(chunk.drops) == [0, 0]
+    np.testing.assert_array_equal(chunk.params, p0)
+    r = run_advi(_FLAT, family, seed=0, init_mu=[0.0, 0.0], adapt_engaged=False,
+                 init_log_scale=710.0)
+    assert r.status == "failed" and "nan" in r.message and "SGD iteration 1" in r.message
+    assert r.info["grad_draws_dropped"] == 0 and r.info["grad_failures"] == 1
+
+
+def test_overflowing_scale_gradient_is_not_a_drop():
+    """Stan checks only ∇ log p(ζ) for finiteness; ω's gradient mean(g·ε)·exp(ω) may overflow
+    to ±∞ and is used as it is.  The step-size rule then gives ∞/∞ = NaN, so ω becomes NaN (as
+    in Stan, where operator/ does not check), and the next gradient drops its ten draws."""
+    family = MeanField(1)
+    est = estimator(_WAVY, family)
+    p0 = family.initial_params(np.zeros(1), 20.0)          # σ = 4.9e8, g·ε·σ ~ 1e308+
+    chunk = advi.advance(est, p0, np.zeros(2), k0=0, n_steps=2, t0=0, eta=1.0,
+                         key=jax.random.PRNGKey(1), absorb=False, grad_samples=1)
+    assert chunk.n_done == 1 and chunk.drops[0] == 0
+    assert np.isfinite(chunk.history[0][0]) and np.isnan(chunk.history[0][1])
+    assert chunk.fatal and chunk.fatal_kind == advi.GRAD_DROP_LIMIT and chunk.fatal_drops == 10
+
+
+def test_gradient_is_stans_arithmetic():
+    """The chunk's gradient is Stan's calc_grad: Σ g and Σ g∘ε (or the lower triangle of g εᵀ)
+    over the kept draws, divided by n, then ω's part times exp(ω) plus 1 (full-rank: 1/L_dd
+    on the diagonal); checked against numpy with the same draws."""
+    for family, n in ((MeanField(D), 3), (FullRank(D), 2)):
+        est = estimator(GAUSS, family)
+        key = jax.random.PRNGKey(4)
+        p0 = family.initial_params(np.linspace(-1, 1, D), -0.4)
+        if isinstance(family, FullRank):
+            p0 = p0 + 0.05 * np.r_[np.zeros(D), np.arange(family.n_params - D)]
+        chunk = advi.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=1, t0=6, eta=0.7,
+                             key=key, absorb=False, grad_samples=n)
+        eps = np.asarray(jax.random.normal(jax.random.fold_in(purpose_key(key, 7, "gradient"), 0),
+                                           (n, D), dtype=jnp.float64))
+        z = np.asarray(family.sample(jnp.asarray(p0), eps))
+        g = np.array([-(LAMBDA @ (zi - M)) for zi in z])
+        mu_grad = g.sum(0) / n
+        if isinstance(family, MeanField):
+            rest = (g * eps).sum(0) / n * np.exp(p0[D:]) + 1.0
+        else:
+            r_, c_ = np.tril_indices(D)
+            rest = (g[:, r_] * eps[:, c_]).sum(0) / n
+            rest[r_ == c_] += 1.0 / p0[D:][r_ == c_]
+        expected, _, _ = advi.stan_step(p0, np.zeros_like(p0), np.r_[mu_grad, rest], 1, 0.7)
+        np.testing.assert_allclose(chunk.history[0], np.asarray(expected), rtol=1e-13)
+
+
+def test_sgd_gradient_failure_message_names_the_family():
+    for family, name in ((MeanField(2), "normal_meanfield"), (FullRank(2), "normal_fullrank")):
+        r = run_advi(BOX, family, seed=0, init_mu=[0.5, -0.5], adapt_engaged=False, eta=100.0)
+        assert r.status == "failed"
+        assert f"stan::variational::{name}::calc_grad: The number of dropped evaluations" in r.message
+        assert r.info["grad_draws_dropped"] >= 10

@@ -83,6 +83,7 @@ from jax import lax
 
 from stanvi.errors import VIError
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
+from stanvi.families import FullRank, MeanField
 from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
                                    purpose_key)
 
@@ -199,19 +200,23 @@ def stan_step(params, s, g, k, eta):
 
 def select_eta(elbo_init: float, run_trial: Callable[[float], float],
                etas: Sequence[float] = ETA_GRID) -> float:
-    """Stan's ``adapt_eta`` decision rule (§2.6 step 4).
+    """Stan's ``adapt_eta`` decision rule (§2.6 step 4; [S] ``advi::adapt_eta``), line for line.
 
-    ``run_trial(eta)`` runs one trial from q₀ and returns its ELBO (a failure as −DBL_MAX; any
-    non-finite value is treated as −DBL_MAX).  Trials run in order until the rule stops.
-    Raises :class:`VIError` ("All proposed step-sizes failed") when the last eta does not beat
-    ``elbo_init``.
+    ``run_trial(eta)`` runs one trial from q₀ and returns its ELBO: −DBL_MAX when ``calc_ELBO``
+    threw, otherwise ``calc_ELBO``'s value *as it is*, −∞ or NaN included (Stan maps only a
+    thrown ``calc_ELBO`` to −DBL_MAX).  The comparisons are IEEE ones, as in C++, so:
+
+    * a NaN trial ELBO never stops the search and becomes ``elbo_best``;
+    * with ``elbo_init = −∞``, a first trial at −∞ stops at once with ``eta_best = 0`` (−∞ <
+      −DBL_MAX and −DBL_MAX > −∞); the SGD phase then fails Stan's ``check_positive`` on η.
+
+    Returns η (possibly 0, see above).  Raises :class:`VIError` ("All proposed step-sizes
+    failed") when the last eta does not beat ``elbo_init``.
     """
     elbo_best, eta_best = -DBL_MAX, 0.0
     last = len(etas) - 1
     for index, eta in enumerate(etas):
         elbo = float(run_trial(eta))
-        if not math.isfinite(elbo):
-            elbo = -DBL_MAX
         if elbo < elbo_best and elbo_best > elbo_init:
             return eta_best
         if index < last:
@@ -277,78 +282,169 @@ class RelativeTolerance:
 
 
 # --------------------------------------------------------------------------------- ELBO
+def _elbo_pieces(estimator: ElboEstimator):
+    """Jitted (params, eps) ↦ (log p(z_j) for each row, H(q)), cached weakly per estimator."""
+    per_estimator = _KERNELS.setdefault(estimator, {})
+    if "elbo" not in per_estimator:
+        family, log_density = estimator.family, estimator.log_density
+        per_estimator["elbo"] = jax.jit(lambda params, eps: (
+            jax.vmap(log_density)(family.sample(params, eps)), family.entropy(params)))
+    return per_estimator["elbo"]
+
+
 def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int) -> float:
-    """Stan's ``calc_ELBO`` (§2.4): mean of n finite ℓ_j = log p(z_j) + H(q).
+    """Stan's ``calc_ELBO`` (§2.4; [S] ``advi::calc_ELBO``).
 
     Draws come in batches of the static size n (``fold_in(key, attempt)``) and are consumed in
-    order; a non-finite ℓ is dropped; the n-th drop raises :class:`ElboFailure`.
+    order; a draw whose log p(ζ) is not finite is dropped (Stan: ``check_finite`` throws
+    ``std::domain_error``, caught); the n-th drop raises :class:`ElboFailure`.  The result is
+    Stan's arithmetic: ``elbo += log_prob`` over the kept draws in draw order, ``elbo /= n``,
+    ``elbo += entropy()``.  So it can be −∞ without a failure (the sum of finite log densities
+    overflows), which ``adapt_eta`` then compares as −∞, not as −DBL_MAX.
     """
     dim = estimator.family.dim
-    kept: list[np.ndarray] = []
+    pieces = _elbo_pieces(estimator)
+    total = 0.0
+    entropy = None
     have = dropped = attempt = 0
     while have < n:
         eps = standard_normal(jax.random.fold_in(key, attempt), n, dim)
         attempt += 1
-        values = estimator.values(params, eps)
-        good = np.flatnonzero(np.isfinite(values))
-        need = n - have
-        consumed = int(good[need - 1]) + 1 if len(good) >= need else n
-        fails = consumed - min(len(good), need)
-        if dropped + fails >= n:
-            raise ElboFailure(f"stan::variational::advi::calc_ELBO: The number of dropped "
-                              f"evaluations has reached its maximum amount ({n}). Your model may "
-                              f"be either severely ill-conditioned or misspecified.")
-        dropped += fails
-        kept.append(values[good[:need]])
-        have += min(len(good), need)
-    return float(np.mean(np.concatenate(kept)))
+        log_p, h = jax.device_get(pieces(jnp.asarray(params, dtype=jnp.float64), eps))
+        entropy = float(h)
+        for value in np.asarray(log_p, dtype=float).tolist():
+            if math.isfinite(value):
+                total += value
+                have += 1
+                if have == n:
+                    break
+            else:
+                dropped += 1
+                if dropped >= n:
+                    raise ElboFailure(f"stan::variational::advi::calc_ELBO: The number of "
+                                      f"dropped evaluations has reached its maximum amount ({n})."
+                                      f" Your model may be either severely ill-conditioned or "
+                                      f"misspecified.")
+    return total / n + entropy
 
 
 # --------------------------------------------------------------------------------- SGD kernel
+GRAD_OK, GRAD_DROP_LIMIT, GRAD_NAN = 0, 1, 2   # ChunkResult.grad_failed codes
+
+
 class ChunkResult(NamedTuple):
     params: np.ndarray       # (P,) after the last completed step
     s: np.ndarray            # (P,) step-size history after the last completed step
     history: np.ndarray      # (n_done, P) iterate after each completed step
-    grad_failed: np.ndarray  # (n_done,) bool: the step's gradient failed (zero gradient used)
+    grad_failed: np.ndarray  # (n_done,) int: GRAD_OK, or why the step's gradient failed (a zero
+    #                          gradient was used): GRAD_DROP_LIMIT or GRAD_NAN
     drops: np.ndarray        # (n_done,) dropped gradient draws per step
     n_done: int
     fatal: bool              # a gradient failed with absorb=False; step n_done + 1 not taken
+    fatal_kind: int = GRAD_OK    # why it failed (GRAD_DROP_LIMIT or GRAD_NAN)
+    fatal_drops: int = 0         # draws the failed gradient dropped
+
+
+def _stan_gradient_pieces(family):
+    """Stan's ``calc_grad`` arithmetic for ``family`` ([S] ``normal_meanfield::calc_grad``,
+    ``normal_fullrank::calc_grad``): (per-draw accumuland, finalize).
+
+    Stan sums, over the accepted draws and in draw order, ``g`` (the gradient of log p at ζ) and
+    ``g ∘ ε`` (mean-field) or the lower triangle of ``g εᵀ`` (full-rank); divides both sums by
+    ``grad_samples``; then mean-field multiplies the ω part by ``exp(ω)`` and adds the entropy
+    gradient 1, full-rank adds ``1/L_dd`` to the diagonal.  Overflow is not a drop: an infinite
+    product stays in the gradient (and the step-size rule turns it into NaN), as in Stan.
+    Returns None for a family Stan does not have (then the autodiff gradient of ℓ is used).
+    """
+    dim = family.dim
+    if isinstance(family, MeanField):
+        def accumuland(g, e):
+            return jnp.concatenate([g, g * e])
+
+        def finalize(params, acc, n):
+            _, omega = family.split(params)
+            mu_grad, omega_grad = acc[:dim] / n, acc[dim:] / n
+            return jnp.concatenate([mu_grad, omega_grad * jnp.exp(omega) + 1.0])
+        return accumuland, finalize
+    if isinstance(family, FullRank) and family.diagonal == "stan":
+        rows, cols = np.tril_indices(dim)
+        diag = np.flatnonzero(rows == cols)
+
+        def accumuland(g, e):
+            return jnp.concatenate([g, g[rows] * e[cols]])
+
+        def finalize(params, acc, n):
+            mu_grad, l_grad = acc[:dim] / n, acc[dim:] / n
+            l_diag = params[dim:][diag]
+            return jnp.concatenate([mu_grad, l_grad.at[diag].add(1.0 / l_diag)])
+        return accumuland, finalize
+    return None
 
 
 def _build_kernel(family, log_density, n: int, chunk: int):
     dim, n_params, limit = family.dim, family.n_params, GRAD_RETRIES * n
-
-    def ell(params, e):
-        z = family.sample(params, e[None, :])[0]
-        return log_density(z) + family.entropy(params)
-
-    value_and_grads = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))
+    stan_pieces = _stan_gradient_pieces(family)
     index = jnp.arange(n)
 
+    if stan_pieces is not None:
+        accumuland, finalize = stan_pieces
+        lp_and_grad = jax.vmap(jax.value_and_grad(log_density))
+
+        def evaluate(params, eps):
+            """(ok, per-draw accumulands).  Stan drops a draw when the model throws (any
+            ``std::exception``) or the gradient of log p at ζ is not finite
+            (``check_finite(tmp_mu_grad)``).  A target signals a throw by a non-finite log
+            density (the Target convention; a Stan target's bridge returns −inf and a NaN
+            gradient for a throwing row), so a non-finite value is a drop too.  Only ∇ log p(ζ)
+            is checked, not the ω / L part: its overflow is not a drop in Stan."""
+            lp, g = lp_and_grad(family.sample(params, eps))
+            ok = jnp.isfinite(lp) & jnp.all(jnp.isfinite(g), axis=1)
+            return ok, jax.vmap(accumuland)(g, eps)
+    else:
+        def ell(params, e):
+            z = family.sample(params, e[None, :])[0]
+            return log_density(z) + family.entropy(params)
+
+        value_and_grads = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))
+
+        def evaluate(params, eps):
+            values, grads = value_and_grads(params, eps)
+            return jnp.isfinite(values) & jnp.all(jnp.isfinite(grads), axis=1), grads
+
+        def finalize(params, acc, n):
+            return acc / n
+
     def gradient(params, key):
-        """calc_grad (§2.3) with the semantics of gradient_with_redraws."""
+        """calc_grad (§2.3): draws in batches of n keyed ``fold_in(key, attempt)``, consumed in
+        order; the 10·n-th drop fails the gradient (GRAD_DROP_LIMIT); the accepted draws are
+        summed in draw order and finalized as Stan does; a NaN in the result fails it too
+        (GRAD_NAN: Stan's ``set_mu``/``set_omega``/``set_L_chol`` throw ``std::domain_error`` on
+        NaN, after the draws, with no redraw)."""
         def cond(c):
             return (c[1] < n) & ~c[4]
 
         def body(c):
-            attempt, have, dropped, gsum, failed = c
+            attempt, have, dropped, acc, failed = c
             eps = jax.random.normal(jax.random.fold_in(key, attempt), (n, dim), dtype=jnp.float64)
-            values, grads = value_and_grads(params, eps)
-            ok = jnp.isfinite(values) & jnp.all(jnp.isfinite(grads), axis=1)
+            ok, terms = evaluate(params, eps)
             done = jnp.cumsum(ok) >= n - have
             done_at = jnp.where(done.any(), jnp.argmax(done), n)
             hit = dropped + jnp.cumsum(~ok) >= limit
             fail_at = jnp.where(hit.any(), jnp.argmax(hit), n)
             take = ok & (index <= done_at)
-            gsum = gsum + jnp.sum(jnp.where(take[:, None], grads, 0.0), axis=0)
+            # sequential sum in draw order (Stan's mu_grad += ..., omega_grad += ...)
+            acc = lax.fori_loop(0, n, lambda j, a: jnp.where(take[j], a + terms[j], a), acc)
             return (attempt + 1, have + jnp.sum(take, dtype=jnp.int32),
                     dropped + jnp.sum(~ok & (index < done_at), dtype=jnp.int32),
-                    gsum, failed | (fail_at < done_at))
+                    acc, failed | (fail_at < done_at))
 
         zero = jnp.zeros((), jnp.int32)
         init = (zero, zero, zero, jnp.zeros(n_params), jnp.zeros((), bool))
-        _, _, dropped, gsum, failed = lax.while_loop(cond, body, init)
-        return gsum / n, failed, dropped
+        _, _, dropped, acc, failed = lax.while_loop(cond, body, init)
+        g = finalize(params, acc, n)
+        kind = jnp.where(failed, GRAD_DROP_LIMIT,
+                         jnp.where(jnp.any(jnp.isnan(g)), GRAD_NAN, GRAD_OK)).astype(jnp.int32)
+        return g, kind, jnp.where(failed, limit, dropped).astype(jnp.int32)
 
     def advance(params, s, k0, n_steps, t0, eta, key, absorb):
         def cond(c):
@@ -356,16 +452,18 @@ def _build_kernel(family, log_density, n: int, chunk: int):
 
         def body(c):
             i, params, s, hist, gfail, drops, _ = c
-            g, failed, dropped = gradient(params, purpose_key(key, t0 + i + 1, "gradient"))
+            g, kind, dropped = gradient(params, purpose_key(key, t0 + i + 1, "gradient"))
+            failed = kind != GRAD_OK
             fatal = failed & ~absorb
             new_params, new_s, _ = stan_step(params, s, jnp.where(failed, 0.0, g), k0 + i + 1, eta)
             params = jnp.where(fatal, params, new_params)
             s = jnp.where(fatal, s, new_s)
-            return (jnp.where(fatal, i, i + 1), params, s, hist.at[i].set(params),
-                    gfail.at[i].set(failed), drops.at[i].set(dropped), fatal)
+            hist = jnp.where(fatal, hist, hist.at[i].set(params))
+            return (jnp.where(fatal, i, i + 1), params, s, hist,
+                    gfail.at[i].set(kind), drops.at[i].set(dropped), fatal)
 
         init = (jnp.zeros((), jnp.int32), params, s, jnp.zeros((chunk, n_params)),
-                jnp.zeros(chunk, bool), jnp.zeros(chunk, jnp.int32), jnp.zeros((), bool))
+                jnp.zeros(chunk, jnp.int32), jnp.zeros(chunk, jnp.int32), jnp.zeros((), bool))
         i, params, s, hist, gfail, drops, fatal = lax.while_loop(cond, body, init)
         return params, s, hist, gfail, drops, i, fatal
 
@@ -398,12 +496,29 @@ def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: i
         jnp.asarray(params, dtype=jnp.float64), jnp.asarray(s, dtype=jnp.float64),
         np.int32(k0), np.int32(n_steps), np.int32(t0), np.float64(eta), key, np.bool_(absorb))
     p, s, hist, gfail, drops, n_done, fatal = jax.device_get(out)
-    n_done = int(n_done)
-    return ChunkResult(np.asarray(p), np.asarray(s), np.asarray(hist)[:n_done],
-                       np.asarray(gfail)[:n_done], np.asarray(drops)[:n_done], n_done, bool(fatal))
+    n_done, fatal = int(n_done), bool(fatal)
+    gfail, drops = np.asarray(gfail), np.asarray(drops)
+    return ChunkResult(np.asarray(p), np.asarray(s), np.asarray(hist)[:n_done], gfail[:n_done],
+                       drops[:n_done], n_done, fatal,
+                       int(gfail[n_done]) if fatal else GRAD_OK,
+                       int(drops[n_done]) if fatal else 0)
 
 
 # --------------------------------------------------------------------------------- run
+def gradient_failure_message(family, kind: int, options: Options) -> str:
+    """Stan's message for a failed ``calc_grad`` ([S] ``normal_meanfield::calc_grad`` /
+    ``normal_fullrank::calc_grad``; ``set_omega`` / ``set_L_chol`` for a NaN gradient)."""
+    name = "normal_fullrank" if isinstance(family, FullRank) else "normal_meanfield"
+    if kind == GRAD_NAN:
+        where = ("stan::variational::set_mu / set_L_chol" if name == "normal_fullrank" else
+                 "stan::variational::normal_meanfield::set_mu / set_omega")
+        return (f"{where}: the averaged ELBO gradient is nan, but must not be nan! (an "
+                f"overflowing gradient: no draw was dropped, the result is NaN)")
+    return (f"stan::variational::{name}::calc_grad: The number of dropped evaluations has "
+            f"reached its maximum amount ({GRAD_RETRIES * options.grad_samples}). Your model may "
+            f"be either severely ill-conditioned or misspecified.")
+
+
 class _BudgetSpent(Exception):
     """Internal: the oracle budget ran out inside an adaptation trial."""
 
@@ -469,9 +584,9 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         chunk = advance(est, params, s, k0=k0, n_steps=n, t0=state["t"], eta=eta, key=key,
                         absorb=absorb, grad_samples=opt.grad_samples)
         info["grad_draws_dropped"] += int(chunk.drops.sum())
-        info["grad_failures"] += int(chunk.grad_failed.sum())
-        if chunk.fatal:   # the failed gradient dropped its limit of draws
-            info["grad_draws_dropped"] += GRAD_RETRIES * opt.grad_samples
+        info["grad_failures"] += int(np.count_nonzero(chunk.grad_failed))
+        if chunk.fatal:   # the failed gradient (its drops are not in chunk.drops)
+            info["grad_draws_dropped"] += chunk.fatal_drops
             info["grad_failures"] += 1
         rows = []
         for i in range(chunk.n_done):
@@ -479,6 +594,8 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
             row = dict(fields, step=k0 + i + 1)
             if chunk.grad_failed[i]:
                 row["grad_failed"] = True
+                if chunk.grad_failed[i] == GRAD_NAN:
+                    row["grad_nan"] = True
             rows.append(row)
             if i < chunk.n_done - 1:
                 trace.record(state["t"] + i + 1, chunk.history[i], ledger, **row)
@@ -537,6 +654,11 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     else:
         eta = float(opt.eta)
     info["eta"] = eta
+    if not eta > 0:
+        # [S] stochastic_gradient_ascent: check_positive(function, "Eta stepsize", eta) throws
+        # std::domain_error, e.g. for adapt_eta's eta_best = 0 (see select_eta)
+        return result("failed", f"stan::variational::advi::stochastic_gradient_ascent: Eta "
+                      f"stepsize is {eta:g}, but must be positive!", params=params0)
     sgd_start = state["t"]
 
     # ---- SGD (§2.7), from q₀ again
@@ -560,11 +682,8 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
                 finish_row(chunk, row)
             ledger.gradient(opt.grad_samples)   # the failed gradient's work was done
             info["sgd_iterations"] = state["t"] - sgd_start
-            return result("failed", f"stan::variational::advi::calc_ELBO_grad: The number of "
-                          f"dropped evaluations has reached its maximum amount "
-                          f"({GRAD_RETRIES * opt.grad_samples}). Your model may be either "
-                          f"severely ill-conditioned or misspecified. (SGD iteration "
-                          f"{k + chunk.n_done + 1})")
+            return result("failed", f"{gradient_failure_message(family, chunk.fatal_kind, opt)} "
+                          f"(SGD iteration {k + chunk.n_done + 1})")
         params, s, k = chunk.params, chunk.s, k + n
         if k % opt.eval_elbo == 0:
             try:
