@@ -597,8 +597,10 @@ def test_stan_model_with_reject_region():
     r = advi.run(target, family, key=jax.random.PRNGKey(0), options=advi.Options(), context=ctx)
     # Stan's estimator drops rejected draws, which can let the iterate drift into the rejection
     # region until calc_ELBO's drop limit ends the run: both outcomes are Stan's behaviour
+    # and Stan's advi::run fails when an output draw throws (half of q is in the region)
     assert r.status in ("converged", "max_iters") or (
-        r.status == "failed" and "dropped evaluations" in r.message), r.message
+        r.status == "failed" and ("dropped evaluations" in r.message
+                                  or "output draw" in r.message)), r.message
     assert r.info["grad_draws_dropped"] > 0
     # draws evaluated = accepted draws + dropped draws (1 draw per gradient)
     accepted = r.ledger.gradient_draws - r.info["grad_failures"]
@@ -734,3 +736,30 @@ def test_sgd_gradient_failure_message_names_the_family():
         assert r.status == "failed"
         assert f"stan::variational::{name}::calc_grad: The number of dropped evaluations" in r.message
         assert r.info["grad_draws_dropped"] >= 10
+
+
+def test_a_throwing_output_draw_fails_the_run_as_in_stans_run():
+    """[S] advi::run evaluates log_prob<false, true> at every output draw outside any try: the
+    first failing draw ends the run with an error after the SGD phase."""
+    family = MeanField(2)
+    key = jax.random.PRNGKey(3)
+    r = run_advi(BOX, family, seed=3, init_mu=[4.0, 0.0], adapt_engaged=False, eta=0.001,
+                 max_iterations=100)
+    assert r.status == "failed" and "output draw" in r.message and "max_iters" in r.message
+    assert r.info["sgd_status"] == "max_iters"
+    # the first output draw (purpose_key(key, 0, 'output'), as stanvi.fit draws them) outside
+    # the box
+    eps = standard_normal(purpose_key(key, 0, "output"), 1000, 2)
+    z = np.asarray(family.sample(jnp.asarray(r.params), eps))
+    outside = np.flatnonzero(np.any(np.abs(z) > 5.0, axis=1))
+    assert r.info["output_failed_draw"] == outside[0]
+    assert f"output draw {outside[0] + 1} of 1000" in r.message
+    np.testing.assert_array_equal(r.params, r.trace.params[-1])
+    # the check can be turned off; a run whose output draws are all fine is unaffected
+    off = run_advi(BOX, family, seed=3, init_mu=[4.0, 0.0], adapt_engaged=False, eta=0.001,
+                   max_iterations=100, output_check=False)
+    assert off.status == "max_iters"
+    np.testing.assert_array_equal(off.params, r.params)
+    ok = run_advi(BOX, family, seed=3, init_mu=[0.0, 0.0], adapt_engaged=False, eta=0.001,
+                  max_iterations=100)
+    assert ok.status == "max_iters" and "output_failed_draw" not in ok.info

@@ -133,6 +133,11 @@ class Options:
         elbo_before_loop: [S] False; [R] True: one ``calc_ELBO(q)`` before the SGD loop, so the
             first buffered relative change is a real change and a stop at iteration
             ``eval_elbo`` is possible (§2.9).
+        output_check: [S] True: after the SGD loop, Stan's ``advi::run`` evaluates
+            ``log_prob<false, true>`` at each of the ``output_samples`` output draws outside any
+            try block, so one throwing draw ends the run with an error (see :func:`run`).
+            False skips this (the draws' failures then only show in the fit's ``log_p__`` and
+            diagnostics) [C].
     """
 
     max_iterations: int = 10000
@@ -147,6 +152,7 @@ class Options:
     init: str = "random"
     init_log_scale: float = 0.0
     elbo_before_loop: bool = False
+    output_check: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_iterations", "grad_samples", "elbo_samples", "adapt_iter", "eval_elbo",
@@ -724,7 +730,40 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         context.progress.update(state["t"], elbo=monitor.elbo, oracle=ledger.scaled)
         if status is None and context.over_budget(ledger.scaled):
             status, message = "budget", f"oracle budget spent after {k} SGD iterations"
+    if opt.output_check and status in ("converged", "max_iters"):
+        failure = output_failure(target, family, state["params"], key, opt.output_samples)
+        if failure is not None:
+            index, why = failure
+            info["output_failed_draw"] = index
+            info["sgd_status"] = status
+            status, message = "failed", (
+                f"{why} (output draw {index + 1} of {opt.output_samples}: Stan's advi::run "
+                f"evaluates log_prob at every output draw outside any try block, so the run "
+                f"ends with an error after the SGD phase ({status}))")
     return result(status, message)
+
+
+def output_failure(target, family, params, key: jax.Array, n: int) -> tuple[int, str] | None:
+    """The first of Stan's n output draws at which the model fails, as (index, message), or None.
+
+    [S] ``advi::run``, after ``stochastic_gradient_ascent``: for each of ``n_posterior_samples``
+    draws ``variational.sample_log_g(...)``, ``model_.write_array(...)`` and
+    ``model_.template log_prob<false, true>(cont_params_, &msg2)``, none inside a try block, so a
+    draw at which the model throws ends ADVI (the service catches it and returns
+    ``error_codes::SOFTWARE``).  The draws are the fit's own output draws
+    (``purpose_key(key, 0, 'output')``, as ``stanvi.fit`` draws them), evaluated in one batched
+    call; a failed row (thrown or non-finite, the Target convention) counts as a throw.  Not
+    charged to the oracle ledger (output, as in §3).
+    """
+    eps = standard_normal(purpose_key(key, 0, "output"), n, family.dim)
+    z = np.asarray(family.sample(jnp.asarray(params, dtype=jnp.float64), eps))
+    res = target.log_density(z)
+    ok = np.isfinite(res.log_density) if res.ok is None else np.asarray(res.ok, dtype=bool)
+    bad = np.flatnonzero(~ok)
+    if len(bad) == 0:
+        return None
+    index = int(bad[0])
+    return index, res.messages.get(index, "non-finite log density")
 
 
 # --------------------------------------------------------------------------------- output
