@@ -763,3 +763,69 @@ def test_a_throwing_output_draw_fails_the_run_as_in_stans_run():
     ok = run_advi(BOX, family, seed=3, init_mu=[0.0, 0.0], adapt_engaged=False, eta=0.001,
                   max_iterations=100)
     assert ok.status == "max_iters" and "output_failed_draw" not in ok.info
+
+
+# ============================================================================ raw-unit regressions (issue 8)
+TEST_MODELS = os.path.join(os.path.dirname(__file__), "models")
+
+
+def _load_test_model(name):
+    try:
+        return stanvi.load(os.path.join(TEST_MODELS, f"{name}.stan"),
+                           os.path.join(TEST_MODELS, f"{name}.data.json"), progress=False)
+    except (stanvi.ToolchainError, OSError) as exc:
+        pytest.skip(f"Stan model library unavailable: {exc}")
+
+
+def _stan_calc_grad(target, params, key, n):
+    """normal_meanfield::calc_grad in numpy on target.log_density_gradient (the same draws as the
+    kernel): (gradient or None when the 10·n-th draw is dropped, dropped draws)."""
+    dim = target.dim
+    mu, omega = params[:dim], params[dim:]
+    acc_mu, acc_omega = np.zeros(dim), np.zeros(dim)
+    have = dropped = attempt = 0
+    while have < n:
+        eps = np.asarray(jax.random.normal(jax.random.fold_in(key, attempt), (n, dim),
+                                           dtype=jnp.float64))
+        attempt += 1
+        res = target.log_density_gradient(mu + np.exp(omega) * eps)
+        for j in range(n):
+            if have == n:
+                break
+            if res.ok[j] and np.all(np.isfinite(res.gradient[j])):
+                acc_mu, acc_omega = acc_mu + res.gradient[j], acc_omega + res.gradient[j] * eps[j]
+                have += 1
+            else:
+                dropped += 1
+                if dropped >= 10 * n:
+                    return None, dropped
+    return np.r_[acc_mu / n, acc_omega / n * np.exp(omega) + 1.0], dropped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["raw_height_weight", "raw_income"])
+def test_raw_unit_regression_steps_follow_stans_calc_grad(name):
+    """On raw-unit regressions (tests/models/) the kernel's steps, drops and absorbed failures
+    equal Stan's calc_grad and step-size rule recomputed in numpy from the Stan target's own
+    gradients (on raw_height_weight the η = 100 trial throws σ to where most draws fail)."""
+    target = _load_test_model(name)
+    family = MeanField(target.dim)
+    est = ElboEstimator(family, target.jax_log_density)
+    key = jax.random.PRNGKey(1)
+    p0 = family.initial_params(target.initial_point(1))
+    for eta, absorb, n in ((100.0, True, 1), (10.0, False, 1), (1.0, True, 3)):
+        chunk = advi.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=30, t0=0, eta=eta,
+                             key=key, absorb=absorb, grad_samples=n)
+        params, s = p0, np.zeros_like(p0)
+        for i in range(30):
+            g, dropped = _stan_calc_grad(target, params, purpose_key(key, i + 1, "gradient"), n)
+            if g is None and not absorb:
+                assert chunk.fatal and chunk.n_done == i and chunk.fatal_drops == 10 * n
+                break
+            assert chunk.drops[i] == dropped
+            assert bool(chunk.grad_failed[i]) == (g is None)
+            params, s, _ = (np.asarray(a) for a in advi.stan_step(
+                params, s, np.zeros_like(p0) if g is None else g, i + 1, eta))
+            np.testing.assert_allclose(chunk.history[i], params, rtol=1e-12, atol=1e-300)
+        if eta == 100.0 and name == "raw_height_weight":   # the drop path was exercised
+            assert chunk.grad_failed.any() and chunk.drops.sum() > 0
