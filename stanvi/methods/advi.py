@@ -25,17 +25,23 @@ Design choices
   adaptation trial, at ``max_iterations`` and where the oracle budget runs out, so the Python
   side only does bookkeeping (ledger, trace rows, ELBO checks).  One compile per
   (estimator, grad_samples); the compiled chunk is cached per estimator (weakly).
-* **Drop rules.**  A draw fails when its ℓ = log p(z) + H(q) or its gradient is non-finite (the
-  project's Target convention: a throwing or non-finite row comes back as −inf / NaN).  [S]
-  checks only the gradient's finiteness in ``calc_grad``; for Stan targets the two coincide,
-  since a non-finite log density comes back with a NaN gradient.
-  Gradient: draws are consumed in order, in batches of ``grad_samples`` keyed
-  ``fold_in(purpose_key(key, t, 'gradient'), attempt)``; the ``10·grad_samples``-th drop fails
-  the gradient — the same draws and the same rule as
-  :func:`stanvi.estimators.elbo.gradient_with_redraws` (tested to 1e-12; only the order of the
-  floating-point sum over draws may differ).
-  ELBO (:func:`calc_elbo`): batches of ``elbo_samples`` on top of ``ElboEstimator.values``,
-  keyed ``fold_in(purpose_key(key, t, 'elbo'), attempt)``; the ``elbo_samples``-th drop fails.
+* **Drop rules and arithmetic** (issue 8: each checked against [S] line by line, and against
+  Stan's own C++ ADVI over 400 seeds on raw-unit regressions; see docs/methods.md).
+  Gradient (:func:`_build_kernel`): draws are consumed in order, in batches of ``grad_samples``
+  keyed ``fold_in(purpose_key(key, t, 'gradient'), attempt)``.  A draw is dropped when the model
+  throws or ∇log p(ζ) is not finite ([S] ``calc_grad``: ``catch (const std::exception&)`` around
+  ``stan::model::gradient`` and ``check_finite("Gradient of mu")``); a target signals a throw by
+  a non-finite log p (the Target convention), so that is a drop too.  The ``10·grad_samples``-th
+  drop fails the gradient (``GRAD_DROP_LIMIT``).  The accepted draws are summed in draw order
+  and finalized as Stan does (ω part: ``mean(g∘ε)·exp(ω) + 1``; full-rank: ``+1/L_dd``), so an
+  overflow there is not a drop; a NaN in the result fails the gradient without a redraw
+  (``GRAD_NAN``: ``set_mu``/``set_omega``/``set_L_chol`` throw ``std::domain_error``).
+  ELBO (:func:`calc_elbo`): batches of ``elbo_samples`` keyed
+  ``fold_in(purpose_key(key, t, 'elbo'), attempt)``; a non-finite log p is dropped, the
+  ``elbo_samples``-th drop fails; the value is Stan's running sum / n + entropy (−∞ possible).
+  Eta adaptation (:func:`select_eta`): IEEE comparisons on the returned values, a thrown ELBO
+  is −DBL_MAX; an η of 0 fails the SGD phase (``check_positive``).  After the SGD phase,
+  :func:`output_failure` is ``advi::run``'s unguarded ``log_prob`` at the output draws.
 * **Random keys.** Global iteration t counts every gradient step, adaptation included (trace
   row t is the iterate after step t).  Step t uses ``purpose_key(key, t, 'gradient')``; the ELBO
   belonging to row t uses ``purpose_key(key, t, 'elbo')`` (elbo_init: t = 0); [R]'s pre-loop ELBO
