@@ -39,22 +39,21 @@ from __future__ import annotations
 import json
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
-import jax
 import numpy as np
-import scipy.optimize
 
 HERE = Path(__file__).resolve().parent
-N_FIT, N_EVAL, SEED = 4096, 100_000, 4096
-EVAL_CHUNKS = 10
-AGREE = 0.05  # nats: the starts must reach the same optimum within this
-INFEASIBLE = 1e300
-METHOD = ("L-BFGS-B (scipy) on the 4,096-draw sample-average mean-field ELBO from four starts "
-          "with unit scales (mu = 0; two Stan-style uniform(-2, 2) points; the L-BFGS-B mode of "
-          "log p), each restarted twice from its end point; best start kept; ELBO re-estimated "
-          "on 100,000 fresh draws")
+sys.path.insert(0, str(HERE.parent))
+
+# The numerical procedure (steps 1-3) is stanvi.bench.optima's, shared with
+# ``stanvi bench public-stopping``.
+from stanvi.bench.optima import (  # noqa: E402
+    METHOD,
+    fresh_values,
+    numerical_optimum,
+    optimum_header,
+)
 
 
 def exact_gaussian(stem: str, data: dict) -> tuple[np.ndarray, np.ndarray] | None:
@@ -78,106 +77,12 @@ def closed_form(m: np.ndarray, cov: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return m, sigma, float(elbo)
 
 
-def fresh_values(est, params: np.ndarray, dim: int) -> np.ndarray:
-    """ℓ(λ; ε) on the ``N_EVAL`` fresh draws (the same draws for every call)."""
-    n = N_EVAL // EVAL_CHUNKS
-    return np.concatenate([est.values(params, standard_normal_draws(SEED + 1 + i, n, dim))
-                           for i in range(EVAL_CHUNKS)])
-
-
-def standard_normal_draws(seed: int, n: int, dim: int) -> np.ndarray:
-    """(n, dim) standard normal draws from JAX key ``seed``."""
-    from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
-
-    return standard_normal(jax.random.PRNGKey(seed), n, dim)
-
-
-def numerical_optimum(target) -> dict:
-    """Steps 1-3 of the module docstring."""
-    from stanvi.estimators.elbo import estimator_for  # noqa: PLC0415
-    from stanvi.families import MeanField  # noqa: PLC0415
-
-    dim = target.dim
-    est = estimator_for(target, MeanField(dim))
-    eps = standard_normal_draws(SEED, N_FIT, dim)
-
-    def negative_elbo(p: np.ndarray) -> tuple[float, np.ndarray]:
-        values, grads = est.values_and_grads(p, eps)
-        if not (np.all(np.isfinite(values)) and np.all(np.isfinite(grads))):
-            return INFEASIBLE, np.zeros_like(p)
-        return -float(values.mean()), -grads.mean(axis=0)
-
-    def negative_log_p(z: np.ndarray) -> tuple[float, np.ndarray]:
-        res = target.log_density_gradient(z[None, :])
-        if not bool(res.ok[0]):
-            return INFEASIBLE, np.zeros(dim)
-        return -float(res.log_density[0]), -np.asarray(res.gradient[0])
-
-    rng = np.random.default_rng(1)
-    starts = {"zero": np.zeros(dim)}
-    for i in range(2):
-        starts[f"uniform{i}"] = rng.uniform(-2.0, 2.0, dim)
-    mode = scipy.optimize.minimize(negative_log_p, np.zeros(dim), jac=True, method="L-BFGS-B",
-                                   options={"maxiter": 5000})
-    if np.all(np.isfinite(mode.x)) and mode.fun < INFEASIBLE:
-        starts["mode"] = mode.x
-    results: dict[str, tuple[float, np.ndarray]] = {}
-    start_omega: dict[str, float] = {}
-    for name, mu0 in starts.items():
-        for omega0 in (0.0, -1.0, -2.0, -4.0, -8.0):
-            p = np.concatenate([mu0, np.full(dim, omega0)])
-            if negative_elbo(p)[0] < INFEASIBLE:
-                break
-        else:
-            continue
-        start_omega[name] = omega0
-        for _ in range(3):
-            res = scipy.optimize.minimize(negative_elbo, p, jac=True, method="L-BFGS-B",
-                                          options={"maxiter": 20_000, "maxfun": 40_000,
-                                                   "maxcor": 50, "gtol": 1e-10, "ftol": 1e-15})
-            p = res.x
-        results[name] = (-float(res.fun), p)
-    if not results:
-        return {"elbo": None, "reason": "the sample-average ELBO is -inf at every start"}
-    best = max(results, key=lambda k: results[k][0])
-    p = results[best][1]
-    values = fresh_values(est, p, dim)
-    finite = np.isfinite(values)
-    fixed = {k: v[0] for k, v in results.items()}
-    spread = max(fixed.values()) - min(fixed.values())
-    out = {"mu": p[:dim].tolist(), "sigma": np.exp(p[dim:]).tolist(), "best_start": best,
-           "starts": fixed, "start_omega": start_omega, "start_spread": spread,
-           "failed_fraction": float(1.0 - finite.mean())}
-    if not finite.all():
-        out.update(elbo=None, elbo_se=None, starts_agree=None,
-                   reason=f"{int((~finite).sum())} of {len(values)} fresh draws of the best q "
-                   "fail (the model rejects them): the ELBO is -inf for every Gaussian q, "
-                   "because p is zero on part of the space")
-        return out
-    out.update(elbo=float(values.mean()), elbo_se=float(values.std() / np.sqrt(len(values))))
-    out["starts_agree"] = bool(spread <= AGREE)
-    if spread > AGREE:  # common-random-number comparison of the end points on the fresh draws
-        fresh = {}
-        for k, (_, pk) in results.items():
-            vk = values if k == best else fresh_values(est, pk, dim)
-            d = vk - values
-            fresh[k] = {"elbo": float(vk.mean()),
-                        "minus_best": float(d.mean()),
-                        "minus_best_se": float(d.std() / np.sqrt(len(d)))}
-        out["starts_fresh"] = fresh
-        out["starts_agree"] = bool(all(abs(f["minus_best"]) <= AGREE for f in fresh.values()))
-    return out
-
-
 def compute(stem: str, stan: Path, data_path: Path | None) -> dict:
     """The optimum record of one model (module docstring)."""
     import stanvi  # noqa: PLC0415
-    from stanvi.stan.toolchain import find_toolchain  # noqa: PLC0415
 
     target = stanvi.load(str(stan), data=str(data_path) if data_path else None, progress=False)
-    record = {"model": stem, "dim": target.dim, "n_draws_fit": N_FIT, "n_draws_eval": N_EVAL,
-              "seed": SEED, "stanvi": metadata.version("stanvi"),
-              "stanc": find_toolchain().stanc_version, "method": METHOD, "exact": False}
+    record = optimum_header(stem, target)
     numeric = numerical_optimum(target)
     data = json.loads(data_path.read_text()) if data_path else {}
     gauss = exact_gaussian(stem, data)
@@ -205,7 +110,6 @@ def compute(stem: str, stan: Path, data_path: Path | None) -> dict:
 
 def main(names: list[str] | None = None) -> None:
     """Compute and write the optima of the named models (all with a data file if none)."""
-    sys.path.insert(0, str(HERE.parent))
     from stanvi.bench.methods_bench import discover_models  # noqa: PLC0415
 
     known = {stem for stem, _, _ in discover_models(HERE)}
