@@ -7,6 +7,9 @@
                                          CSV and the ArviZ DataTree (NetCDF)
     stanvi bench target                  cost of the Stan target layer (see stanvi.bench.target_bench)
     stanvi bench methods                 TrustVI vs ADVI vs HFSGVI on stan_models (methods_bench)
+    stanvi bench public-stopping --posteriordb PATH
+                                         does TrustVI's "converged" mean converged on
+                                         posteriordb posteriors (stanvi.bench.public_stopping)
     stanvi bench coldstart               first fit in a new process: fresh processes per
                                          method x family (stanvi.bench.coldstart)
 
@@ -178,6 +181,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                            seeds=args.seeds, configs=configs,
                            output=Path(args.output) if args.output else None)
         return 0
+    if args.what == "public-stopping":
+        from stanvi.bench import public_stopping  # noqa: PLC0415
+
+        if not args.posteriordb:
+            raise SystemExit("stanvi bench public-stopping: --posteriordb PATH is required "
+                             "(a posteriordb checkout)")
+        configs = public_stopping.DEFAULT_CONFIGS
+        if args.configs:
+            sep = ";" if ";" in args.configs else ","
+            configs = tuple(c for c in args.configs.split(sep) if c)
+        public_stopping.run(Path(args.posteriordb),
+                            posteriors=args.posteriors.split(",") if args.posteriors else None,
+                            seeds=args.seeds, configs=configs,
+                            output=Path(args.output) if args.output else None,
+                            optima_dir=Path(args.optima_dir) if args.optima_dir else None)
+        return 0
     if args.what == "coldstart":
         from stanvi.bench import coldstart  # noqa: PLC0415
 
@@ -274,10 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
-    p.add_argument("what", choices=["target", "methods", "stopping", "coldstart"],
+    p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
+                                    "coldstart"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
+                        "public-stopping: the same on posteriordb posteriors; "
                         "coldstart: import + first fit in fresh processes")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
@@ -303,6 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="coldstart: its data (JSON)")
     p.add_argument("--no-jax-cache", action="store_true",
                    help="coldstart: run the processes with STANVI_JAX_CACHE=0")
+    p.add_argument("--posteriordb", default=None,
+                   help="public-stopping: a posteriordb checkout (its root or its "
+                        "posterior_database directory)")
+    p.add_argument("--posteriors", default=None,
+                   help="public-stopping: comma-separated posterior names (default: the fixed "
+                        "list in stanvi.bench.public_stopping)")
+    p.add_argument("--optima-dir", default=None,
+                   help="public-stopping: where the computed optima are cached as JSON "
+                        "(default: <stanvi cache>/optima)")
     p.add_argument("--budget", type=float, default=None,
                    help="methods: oracle budget per run in the paper's scaled units "
                         "(max_oracle_calls; default none)")

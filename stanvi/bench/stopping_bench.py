@@ -90,38 +90,53 @@ def _accuracy(fit, optimum: dict) -> tuple[float, float]:
             float(np.max(np.abs(fit_sd / sd - 1))))
 
 
-def run_model(name: str, stan: Path, data: Path | None, optimum: dict, *, configs, seeds: int,
-              trace_points: int = 40) -> list[StopRun]:
-    import stanvi  # noqa: PLC0415
+def measure_run(fit, name: str, config: str, optimum: dict, *,
+                trace_points: int = 40) -> StopRun:
+    """One run's :class:`StopRun` against an optimum record (``elbo``; ``mu``, ``sigma`` and
+    ``posterior_sd`` where ``exact``): final ELBO on 10,000 common draws, the gap, the first
+    trace point after which the ELBO (2,000 common draws) stays within 1 nat, the exact-model
+    accuracy.  Shared by ``stanvi bench stopping`` and ``stanvi bench public-stopping``."""
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
 
+    dim = fit.family.dim
+    eps_final = standard_normal(jax.random.PRNGKey(20261124), 10_000, dim)
+    eps_eval = eps_final[:2000]
+    summary = summarize_run(fit, config, eps_final, eps_eval, trace_points)
+    gap = optimum["elbo"] - summary.final_elbo
+    i = first_consistent(summary, optimum["elbo"] - 1.0)
+    mean_err, sd_err = _accuracy(fit, optimum)
+    return StopRun(
+        model=name, config=config, seed=fit.seed, status=fit.status, gap=float(gap),
+        to_one_nat_draws=float(summary.trace_draws[i]) if i is not None else math.inf,
+        to_one_nat_seconds=float(summary.trace_wall[i]) if i is not None else math.inf,
+        draw_evals=summary.draw_evals, run_time=summary.wall, mean_error_sd=mean_err,
+        sd_error=sd_err, message=fit.message)
+
+
+def print_run(r: StopRun) -> None:
+    """The one-line progress report of a run."""
+    print(f"  {r.model:28s} {r.config:40s} seed {r.seed}: {r.status:9s} gap {r.gap:8.3f}  "
+          f"to 1 nat {r.to_one_nat_draws:9.0f} draws {r.to_one_nat_seconds:6.2f} s  "
+          f"total {r.draw_evals:8d} draws {r.run_time:6.2f} s"
+          + (f"  mean err {r.mean_error_sd:.3f} sd, sd err {r.sd_error:.3f}"
+             if np.isfinite(r.mean_error_sd) else ""), flush=True)
+
+
+def run_model(name: str, stan: Path, data, optimum: dict, *, configs, seeds: int,
+              trace_points: int = 40, target=None) -> list[StopRun]:
+    """Fit the model with every configuration and seed and measure each run (data: a path, a
+    dict or None; ``target``: an already loaded target of this model, reused)."""
+    import stanvi  # noqa: PLC0415
+
     runs = []
-    target = None
     for config in configs:
         method, profile, options = parse_config(config)
         for seed in range(seeds):
             fit = stanvi.fit(target or str(stan), data=None if target else data, method=method,
                              profile=profile, seed=seed, progress=False, draws=10, **options)
             target = fit.target
-            dim = fit.family.dim
-            eps_final = standard_normal(jax.random.PRNGKey(20261124), 10_000, dim)
-            eps_eval = eps_final[:2000]
-            summary = summarize_run(fit, config, eps_final, eps_eval, trace_points)
-            gap = optimum["elbo"] - summary.final_elbo
-            i = first_consistent(summary, optimum["elbo"] - 1.0)
-            mean_err, sd_err = _accuracy(fit, optimum)
-            runs.append(StopRun(
-                model=name, config=config, seed=seed, status=fit.status, gap=float(gap),
-                to_one_nat_draws=float(summary.trace_draws[i]) if i is not None else math.inf,
-                to_one_nat_seconds=float(summary.trace_wall[i]) if i is not None else math.inf,
-                draw_evals=summary.draw_evals, run_time=summary.wall, mean_error_sd=mean_err,
-                sd_error=sd_err, message=fit.message))
-            r = runs[-1]
-            print(f"  {name:28s} {config:40s} seed {seed}: {r.status:9s} gap {r.gap:8.3f}  "
-                  f"to 1 nat {r.to_one_nat_draws:9.0f} draws {r.to_one_nat_seconds:6.2f} s  "
-                  f"total {r.draw_evals:8d} draws {r.run_time:6.2f} s"
-                  + (f"  mean err {mean_err:.3f} sd, sd err {sd_err:.3f}"
-                     if np.isfinite(mean_err) else ""), flush=True)
+            runs.append(measure_run(fit, name, config, optimum, trace_points=trace_points))
+            print_run(runs[-1])
     return runs
 
 
