@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 import jax
-import scipy.optimize
 
 from stanvi.estimators.elbo import standard_normal
 from stanvi.methods.common import OracleLedger
@@ -52,6 +51,8 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
         if not bool(res.ok[0]):
             return np.inf, np.zeros(dim)
         return -float(res.log_density[0]), -np.asarray(res.gradient[0], dtype=float)
+
+    import scipy.optimize  # noqa: PLC0415 (~0.4 s: imported by the first fit that needs it)
 
     info: dict = {}
     try:

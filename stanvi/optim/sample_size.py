@@ -24,7 +24,6 @@ import sys
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import lambertw
 
 __all__ = ["Ineq11Result", "ineq11_sup", "ineq11_sup_closed_form", "n_ineq11",
            "n_ineq11_closed_form", "n_ineq13", "reference_code_update", "retrospective_update",
@@ -144,6 +143,8 @@ def ineq11_sup_closed_form(sigma2: float, m_prime: float, delta: float, *, eta: 
     y_lo = max(-A / 2, -B)
     arg = (A - B) / (2.0 * C * math.sqrt(math.e))
     if arg >= -1.0 / math.e:
+        from scipy.special import lambertw  # noqa: PLC0415 (SciPy on first use: issue 8 part 3)
+
         x_star = math.exp(0.5 + float(np.real(lambertw(arg, 0))))
         y_star = C * x_star - B
         if y_star > y_lo:
