@@ -6,13 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import stanvi
 from stanvi.families import FullRank, MeanField
-from stanvi.methods.checks import divergence
+from stanvi.estimators.elbo import standard_normal
+from stanvi.methods.checks import divergence, improper_direction
 
 REJECT_HALF = """
 parameters { vector[2] x; }
@@ -269,3 +271,70 @@ def test_hfsgvi_on_an_improper_posterior_fails_with_the_reason():
     assert fit.status == "failed"
     assert fit.message.startswith("overflow") and "may be improper" in fit.message
     assert np.all(np.isfinite(fit.params))
+
+
+# ------------------------------------------------------------------------------ ADVI on an improper posterior (item 3)
+
+@pytest.mark.parametrize("family", ["meanfield", "fullrank"])
+def test_advi_on_an_improper_posterior_fails_with_the_reason(family):
+    """Before: full-rank ADVI said 'converged' with an empty message (Stan's own rule: the ELBO
+    grows like log σ, so its relative change falls below tol_rel_obj); mean-field failed with a
+    bare NaN-gradient message."""
+    fit = stanvi.fit(flat, dim=1, method="advi", family=family, seed=0, progress=False,
+                     draws=10)
+    assert fit.status == "failed"
+    assert "may be improper" in fit.message, fit.message
+
+
+def test_advi_improper_check_keeps_stans_status_and_can_be_turned_off():
+    fit = stanvi.fit(flat, dim=1, method="advi", family="fullrank", seed=0, progress=False,
+                     draws=10)
+    assert fit.info["sgd_status"] == "converged"
+    assert "keeps rising" in fit.message and "would report 'converged'" in fit.message
+    stan = stanvi.fit(flat, dim=1, method="advi", family="fullrank", seed=0, progress=False,
+                      draws=10, improper_check=False)
+    assert stan.status == "converged"
+
+
+class _LogDensityOnly:
+    """A minimal target for the probe: log p of each row, every row evaluable."""
+
+    def __init__(self, log_p):
+        self.log_p = log_p
+
+    def log_density(self, z):
+        values = np.array([self.log_p(row) for row in np.asarray(z)])
+        return type("Res", (), {"ok": np.isfinite(values), "log_density": values})()
+
+
+PROPER = {   # proper densities, including a Cauchy whose tails decay only like 1/x^2
+    "normal": lambda z: -0.5 * float(np.sum(z ** 2)),
+    "cauchy": lambda z: -float(np.sum(np.log1p(z ** 2))),
+    "wide normal": lambda z: -0.5 * float(np.sum((z / 1e6) ** 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROPER))
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_improper_probe_passes_proper_posteriors_at_any_q_width(name, scale):
+    mf = MeanField(3)
+    params = np.concatenate([np.array([0.3, -0.2, 0.1]), np.full(3, np.log(scale))])
+    eps = standard_normal(jax.random.key(1), 128, 3)
+    assert improper_direction(_LogDensityOnly(PROPER[name]), mf, params, eps) is None
+
+
+@pytest.mark.parametrize("log_p, coordinate", [
+    (lambda z: -0.5 * float(z[0] ** 2 + z[2] ** 2), 2),              # z[1] flat: no prior, no data
+    (lambda z: -0.5 * float(z[0] ** 2 + z[1] ** 2) - 0.5 * float(np.log(abs(z[2]))), 3),
+    (lambda z: float(z[0]) - 0.5 * float(z[1] ** 2 + z[2] ** 2), 1),  # <lower=0> with no prior
+])
+def test_improper_probe_names_the_improper_direction(log_p, coordinate):
+    """p decaying slower than 1/|x| along one coordinate (flat; |x|^-1/2; exp(u) from a
+    positive parameter's Jacobian with no prior): the ELBO keeps rising as q widens there."""
+    mf = MeanField(3)
+    params = np.zeros(6)
+    params[2 + coordinate] = 3.0            # q widest along the improper coordinate
+    eps = standard_normal(jax.random.key(2), 128, 3)
+    message = improper_direction(_LogDensityOnly(log_p), mf, params, eps)
+    assert message is not None and f"coordinate {coordinate} " in message
+    assert "may be improper" in message

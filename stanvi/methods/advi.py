@@ -90,6 +90,7 @@ from jax import lax
 from stanvi.errors import VIError
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.families import FullRank, MeanField
+from stanvi.methods.checks import PROBE_DRAWS, divergence, improper_direction
 from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
                                    purpose_key)
 
@@ -144,6 +145,15 @@ class Options:
             try block, so one throwing draw ends the run with an error (see :func:`run`).
             False skips this (the draws' failures then only show in the fit's ``log_p__`` and
             diagnostics) [C].
+        improper_check: stanvi's addition (issue P2-1c), default True: when the SGD phase ends
+            ('converged' or 'max_iters'), or a gradient turns NaN, q is checked for an improper
+            posterior (:func:`stanvi.methods.checks.divergence`: non-finite parameters or a
+            runaway scale; :func:`stanvi.methods.checks.improper_direction`: the ELBO still rising
+            as q is widened along its widest coordinates).  Stan's ADVI reports 'converged' on
+            ``parameters { real x; } model { }`` (full-rank: the ELBO grows like log σ, so its
+            relative change falls below ``tol_rel_obj``); here that run ends 'failed' with "the
+            posterior may be improper" and Stan's status kept in ``info['sgd_status']``.
+            False gives Stan's status.
     """
 
     max_iterations: int = 10000
@@ -159,6 +169,7 @@ class Options:
     init_log_scale: float = 0.0
     elbo_before_loop: bool = False
     output_check: bool = True
+    improper_check: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_iterations", "grad_samples", "elbo_samples", "adapt_iter", "eval_elbo",
@@ -694,8 +705,10 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
                 finish_row(chunk, row)
             ledger.gradient(opt.grad_samples)   # the failed gradient's work was done
             info["sgd_iterations"] = state["t"] - sgd_start
-            return result("failed", f"{gradient_failure_message(family, chunk.fatal_kind, opt)} "
-                          f"(SGD iteration {k + chunk.n_done + 1})")
+            message = (f"{gradient_failure_message(family, chunk.fatal_kind, opt)} "
+                       f"(SGD iteration {k + chunk.n_done + 1})")
+            runaway = divergence(family, state["params"]) if opt.improper_check else None
+            return result("failed", f"{runaway} ({message})" if runaway else message)
         params, s, k = chunk.params, chunk.s, k + n
         if k % opt.eval_elbo == 0:
             try:
@@ -736,6 +749,13 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         context.progress.update(state["t"], elbo=monitor.elbo, oracle=ledger.scaled)
         if status is None and context.over_budget(ledger.scaled):
             status, message = "budget", f"oracle budget spent after {k} SGD iterations"
+    if opt.improper_check and status in ("converged", "max_iters"):
+        improper = divergence(family, state["params"]) or improper_direction(
+            target, family, state["params"],
+            standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim))
+        if improper is not None:
+            info["sgd_status"] = status
+            return result("failed", f"{improper} (Stan's ADVI would report '{status}')")
     if opt.output_check and status in ("converged", "max_iters"):
         failure = output_failure(target, family, state["params"], key, opt.output_samples)
         if failure is not None:

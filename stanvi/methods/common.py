@@ -19,7 +19,7 @@ CHANGE_BATCH = 128
 
 # Purposes of random draws; each iteration derives one independent key per purpose (§1.3).
 PURPOSES = {"gradient": 0, "hessian": 1, "change": 2, "elbo": 3, "output": 4, "init": 5,
-            "refine": 6}
+            "refine": 6, "check": 7}
 
 
 @jax.jit
