@@ -152,19 +152,27 @@ class ElboEstimator:
             z = family.sample(params, eps)
             return z, jax.vmap(log_density)(z), family.log_q(params, z)
 
+        def values_and_model_grads(params, eps):
+            z = family.sample(params, eps)
+            lp, g = jax.vmap(jax.value_and_grad(log_density))(z)
+            return lp + family.entropy(params), g
+
         self._values = CompiledByShape(jax.vmap(ell, in_axes=(None, 0)))
         self._values_and_grads = CompiledByShape(jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0)))
         self._hvp = CompiledByShape(
             lambda p, eps, v: jax.jvp(lambda q: jax.grad(mean_ell)(q, eps), (p,), (v,))[1])
         self._pair_differences = CompiledByShape(pair_differences)
         self._log_p_and_q = CompiledByShape(log_p_and_q)
+        self._values_and_model_grads = CompiledByShape(values_and_model_grads)
+        self._entropy_grad = CompiledByShape(jax.grad(family.entropy))
         self._compiled = (self._values, self._values_and_grads, self._hvp, self._pair_differences,
-                          self._log_p_and_q)
+                          self._log_p_and_q, self._values_and_model_grads, self._entropy_grad)
         # the row-wise functions can run at bucketed batch sizes (see __init__'s docstring); the
         # HVP averages over its draws, so it always runs at the caller's size
         self._rows = {name: _PaddedRows(compiled, rows_arg, counter) for name, compiled, rows_arg in (
             ("values", self._values, 1), ("values_and_grads", self._values_and_grads, 1),
-            ("pair_differences", self._pair_differences, 2), ("log_p_and_q", self._log_p_and_q, 1))}
+            ("pair_differences", self._pair_differences, 2), ("log_p_and_q", self._log_p_and_q, 1),
+            ("values_and_model_grads", self._values_and_model_grads, 1))}
         self.bucketing = bool(bucketing)
 
     def _row_call(self, name: str, args: tuple, bucketed: bool):
@@ -185,6 +193,18 @@ class ElboEstimator:
         gradient included (§1.1: ∂/∂μ = g, ∂/∂ω = g ⊙ σ ⊙ ε + 1)."""
         v, g = self._row_call("values_and_grads", (params, eps), bucketed)
         return np.asarray(v), np.asarray(g)
+
+    def values_and_model_grads(self, params, eps, *, bucketed: bool = False
+                               ) -> tuple[np.ndarray, np.ndarray]:
+        """ℓ(λ; ε_j) (n,) and the gradients of log p at the draws, ∇log p(z_j) (n, D): the
+        per-draw ELBO gradients in factored form (see :class:`FullRankRows`), O(nD) memory
+        instead of the O(nP) of :meth:`values_and_grads`."""
+        v, g = self._row_call("values_and_model_grads", (params, eps), bucketed)
+        return np.asarray(v), np.asarray(g)
+
+    def entropy_gradient(self, params) -> np.ndarray:
+        """∇_λ H(q_λ) (P,): the part of every per-draw gradient that does not depend on ε."""
+        return np.asarray(self._entropy_grad(params))
 
     def hvp(self, params, eps, direction) -> np.ndarray:
         """∇²L̂(λ) v for the fixed draws ``eps`` (§1.1 / §6)."""
@@ -214,9 +234,143 @@ def estimator_for(target, family) -> ElboEstimator:
     return est
 
 
+@functools.lru_cache(maxsize=4)
+def _tril_indices(dim: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.tril_indices(dim)
+
+
+class FullRankRows:
+    """The per-draw ELBO gradients of the full-rank family without the (n, P) matrix
+    (issue 17 item 6: at D = 2,000, P = 2,003,000 and 256 draws it is 4 GB; the refinement's
+    4,096 draws, 64 GB).
+
+    For z = μ + L ε, ℓ(λ; ε) = log p(z) + H(q_λ), and with g = ∇log p(z) the gradient is
+    ``G = c + (g, vech(S ⊙ g εᵀ))``: ``c = ∇H`` (the same for every draw: 1/L_dd on Stan's
+    diagonal, 1 on the log diagonal), the lower triangle of the outer product g εᵀ row by row,
+    and on the log diagonal (L_dd = e^{ω_d}) the chain-rule factor ``S_dd = e^{ω_d}`` (1 off the
+    diagonal and on Stan's diagonal).  A draw is kept as (g_i, ε_i): O(nD) memory.
+
+    Supports what the methods use of an (n, P) array: ``shape``, ``len``, row selection
+    ``rows[a:b]`` / ``rows[index]``, ``mean(axis=0)``, and :meth:`jackknife_moments` for
+    :func:`stanvi.optim.jackknife.jackknife_snr` (the centred statistics it needs, in O(nD²)
+    time and O(nD + D²) memory).  ``dense()`` materializes the matrix (for tests)."""
+
+    def __init__(self, family, params: np.ndarray, g: np.ndarray, eps: np.ndarray,
+                 const: np.ndarray) -> None:
+        self.family = family
+        self.params = np.asarray(params, dtype=float)
+        self.g = np.asarray(g, dtype=float)
+        self.eps = np.asarray(eps, dtype=float)
+        self.const = np.asarray(const, dtype=float)
+        dim = family.dim
+        self.diag_scale = (np.exp(self.params[dim:][np.arange(dim) * (np.arange(dim) + 3) // 2])
+                           if family.diagonal == "log" else np.ones(dim))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.g.shape[0], self.family.n_params)
+
+    def __len__(self) -> int:
+        return self.g.shape[0]
+
+    def __getitem__(self, index) -> FullRankRows:
+        g, eps = self.g[index], self.eps[index]
+        if g.ndim != 2:
+            raise IndexError("select rows with a slice or an index array")
+        return FullRankRows(self.family, self.params, g, eps, self.const)
+
+    def _vech(self, M: np.ndarray) -> np.ndarray:
+        """The L part of a gradient from its D×D matrix ``M`` (lower triangle, row by row,
+        diagonal times the chain-rule factor)."""
+        M = M.copy()
+        d = np.arange(self.family.dim)
+        M[d, d] *= self.diag_scale
+        rows, cols = _tril_indices(self.family.dim)
+        return M[rows, cols]
+
+    def _unvech(self, v: np.ndarray) -> np.ndarray:
+        rows, cols = _tril_indices(self.family.dim)
+        M = np.zeros((self.family.dim, self.family.dim))
+        M[rows, cols] = v
+        return M
+
+    def outer_mean(self) -> np.ndarray:
+        """(1/n) Σ g_i ε_iᵀ (D, D)."""
+        return self.g.T @ self.eps / self.g.shape[0]
+
+    def mean(self, axis: int = 0) -> np.ndarray:
+        """The mean gradient (P,): c + (ḡ, vech(S ⊙ (1/n) Σ g_i ε_iᵀ))."""
+        if axis != 0:
+            raise ValueError("only the mean over draws (axis=0) is available")
+        return self.const + np.concatenate([self.g.mean(axis=0), self._vech(self.outer_mean())])
+
+    def finite_rows(self) -> np.ndarray:
+        """Rows whose every gradient entry is finite (as ``np.isfinite(G).all(axis=1)`` of the
+        dense matrix, up to a conservative bound on the products g_a ε_b S_bb)."""
+        ok = np.isfinite(self.g).all(axis=1) & np.isfinite(self.eps).all(axis=1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            bound = (np.abs(self.g).max(axis=1, initial=0.0) * np.abs(self.eps).max(axis=1, initial=0.0)
+                     * float(np.max(self.diag_scale, initial=1.0)))
+        ok &= np.isfinite(bound) & bool(np.all(np.isfinite(self.const)))
+        ok &= bool(np.all(np.isfinite(self.diag_scale)))
+        return ok
+
+    def dense(self) -> np.ndarray:
+        """The (n, P) matrix (small D only)."""
+        rows, cols = _tril_indices(self.family.dim)
+        scale = np.where(rows == cols, self.diag_scale[rows], 1.0)
+        L_part = self.g[:, rows] * self.eps[:, cols] * scale
+        return self.const + np.concatenate([self.g, L_part], axis=1)
+
+    def jackknife_moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(Ḡ, ‖G_i − Ḡ‖², (G_i − Ḡ)ᵀḠ) for :func:`~stanvi.optim.jackknife.jackknife_snr`.
+
+        With M = (1/n) Σ g_j ε_jᵀ, W the lower triangle of Ḡ's L part as a matrix times S, and
+        S² the squared chain-rule factors:
+
+        * ``(G_i − Ḡ)ᵀḠ = (g_i − ḡ)ᵀḠ_μ + g_iᵀ W ε_i − mean_j g_jᵀ W ε_j``;
+        * ``‖G_i − Ḡ‖² = ‖g_i − ḡ‖² + Σ_{a≥b} S²_ab (g_ia ε_ib − M_ab)²``, expanded as
+          ``Σ_a g_ia² Σ_{b≤a} ε_ib² + Σ_a (S²_aa − 1) g_ia² ε_ia² − 2 g_iᵀ (S² ⊙ tril M) ε_i
+          + ‖S ⊙ tril M‖²`` (clipped at 0 against rounding)."""
+        n, dim = self.g.shape
+        mean = self.mean(axis=0)
+        g_c = self.g - self.g.mean(axis=0)
+        W = np.tril(self._unvech(mean[dim:]))
+        d = np.arange(dim)
+        W[d, d] *= self.diag_scale
+        t = np.einsum("ia,ia->i", self.g, self.eps @ W.T)
+        gc_mean = g_c @ mean[:dim] + (t - t.mean())
+        M = np.tril(self.outer_mean())
+        s2 = self.diag_scale ** 2
+        M2 = M.copy()
+        M2[d, d] *= s2
+        g2, e2 = self.g * self.g, self.eps * self.eps
+        l_sq = (np.einsum("ia,ia->i", g2, np.cumsum(e2, axis=1))
+                + (g2 * e2) @ (s2 - 1.0)
+                - 2.0 * np.einsum("ia,ia->i", self.g, self.eps @ M2.T)
+                + float(np.sum(M * M2)))
+        sq_c = np.einsum("ij,ij->i", g_c, g_c) + np.maximum(l_sq, 0.0)
+        return mean, sq_c, gc_mean
+
+
+def per_draw_gradients(est: ElboEstimator, params, eps) -> tuple[np.ndarray, np.ndarray | FullRankRows]:
+    """ℓ(λ; ε_j) (n,) and the per-draw gradients: an (n, P) array, or for the full-rank family
+    (when the estimator offers :meth:`ElboEstimator.values_and_model_grads`) the factored
+    :class:`FullRankRows`."""
+    if _factored(est):
+        values, g = est.values_and_model_grads(params, eps)
+        return values, FullRankRows(est.family, params, g, eps, est.entropy_gradient(params))
+    return est.values_and_grads(params, eps)
+
+
+def _factored(est) -> bool:
+    return (getattr(est.family, "name", "") == "fullrank"
+            and hasattr(est, "values_and_model_grads") and hasattr(est, "entropy_gradient"))
+
+
 class GradientEstimate(NamedTuple):
     gradient: np.ndarray        # (P,) mean of the valid per-draw gradients
-    per_draw: np.ndarray        # (n, P) valid per-draw gradients
+    per_draw: np.ndarray | FullRankRows  # (n, P) valid per-draw gradients (factored: full rank)
     values: np.ndarray          # (n,) ℓ at the valid draws
     n_dropped: int              # draws that failed and were replaced
 
@@ -279,6 +433,20 @@ def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
     Stan's ``calc_grad`` does (§2.3); when ``max_drops`` draws have failed, raises
     :class:`GradientFailure` with the count.
     """
+    if _factored(est):
+        # full rank: keep (g_i, ε_i) per draw, never the (n, P) matrix (FullRankRows)
+        const = est.entropy_gradient(params)
+
+        def evaluate(eps):
+            vals, g = est.values_and_model_grads(params, eps)
+            rows = FullRankRows(est.family, params, g, eps, const)
+            return np.isfinite(vals) & rows.finite_rows(), g, vals
+
+        (eps, g, values), dropped, _ = _collect_valid(evaluate, key, n, est.family.dim,
+                                                      max_drops, "the stochastic gradient")
+        rows = FullRankRows(est.family, params, g, eps, const)
+        return GradientEstimate(rows.mean(axis=0), rows, values, dropped)
+
     def evaluate(eps):
         vals, grads = est.values_and_grads(params, eps)
         return np.isfinite(vals) & np.isfinite(grads).all(axis=1), grads, vals

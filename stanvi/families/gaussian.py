@@ -115,20 +115,29 @@ class FullRank:
         return np.concatenate([np.asarray(mu0, dtype=float), vech])
 
     def cholesky(self, params: jax.Array) -> jax.Array:
-        """The lower-triangular factor L (D, D)."""
-        rows, cols = self._tril()
-        raw = jnp.zeros((self.dim, self.dim)).at[rows, cols].set(params[self.dim:])
+        """The lower-triangular factor L (D, D).
+
+        Entry (i, j ≤ i) is ``params[D + i(i+1)/2 + j]``; the index grid is computed in the
+        program from ``iota`` (no D²-sized index constants baked into compiled programs: at
+        D = 2,000 two int64 index arrays of D(D+1)/2 entries are 32 MB and slow XLA's
+        compilation, issue 17 item 6)."""
+        i, j, lower = _tril_grid(self.dim)
+        vech = params[self.dim:]
+        raw = jnp.where(lower, vech[jnp.where(lower, i * (i + 1) // 2 + j, 0)], 0.0)
         if self.diagonal == "log":
-            d = jnp.diagonal(raw)
-            raw = raw - jnp.diag(d) + jnp.diag(jnp.exp(d))
+            raw = jnp.where(i == j, jnp.exp(raw), raw)
         return raw
+
+    def diagonal_index(self) -> jax.Array:
+        """Positions of L's diagonal within the vech part of λ: ``d(d+3)/2`` for d = 0..D−1."""
+        d = jnp.arange(self.dim)
+        return d * (d + 3) // 2
 
     def sample(self, params: jax.Array, eps: jax.Array) -> jax.Array:
         return params[: self.dim] + eps @ self.cholesky(params).T
 
     def _log_abs_diag(self, params: jax.Array) -> jax.Array:
-        rows, cols = self._tril()
-        d = params[self.dim:][rows == cols]
+        d = params[self.dim:][self.diagonal_index()]
         if self.diagonal == "log":
             return d
         # Stan skips exact zeros on the diagonal in the entropy (normal_fullrank::entropy).
@@ -198,6 +207,13 @@ class FullRank:
             d = np.abs(vech[diag])
             tri[diag] = math.sqrt(2.0) / np.where(d > 0, d, sd)
         return np.concatenate([1.0 / sd, tri])
+
+
+def _tril_grid(dim: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Row and column index grids (D, D) and the lower-triangle mask, from ``iota``."""
+    i = jax.lax.broadcasted_iota(jnp.int64, (dim, dim), 0)
+    j = jax.lax.broadcasted_iota(jnp.int64, (dim, dim), 1)
+    return i, j, j <= i
 
 
 FAMILIES = {"meanfield": MeanField, "fullrank": FullRank}

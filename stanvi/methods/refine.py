@@ -37,7 +37,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from stanvi.estimators.elbo import GradientFailure, valid_draws
+from stanvi.estimators.elbo import GradientFailure, per_draw_gradients, valid_draws
 from stanvi.methods.common import OracleLedger
 from stanvi.optim.gltr import solve_gltr
 
@@ -104,7 +104,8 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
     gain = 0.0
     decrement = float("inf")
     for it in range(1, max_iters + 1):
-        values, grads = est.values_and_grads(params, eps)
+        # the mean gradient only; full rank: from (∇log p, ε) per draw, never (N, P) (issue 17)
+        values, grads = per_draw_gradients(est, params, eps)
         ledger.gradient(n_draws)
         g = grads.mean(axis=0)
         if not (np.all(np.isfinite(values)) and np.all(np.isfinite(g))):

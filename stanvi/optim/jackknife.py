@@ -37,7 +37,18 @@ def jackknife_snr(G: np.ndarray) -> JackknifeResult:
     sample covariance ``Σ̂``, and ``θ̂_(i) − mean θ̂_(·) = (2/((n−1)(n−2)))·(−(G_i − Ḡ)ᵀS +
     (‖G_i‖² − mean‖G‖²))``, which avoid cancelling the large constant ``‖S‖² − Q``. Requires
     ``n ≥ 3``.
+
+    ``G`` may also be a factored matrix with a ``jackknife_moments()`` method returning
+    ``(Ḡ, ‖G_i − Ḡ‖², (G_i − Ḡ)ᵀḠ)`` (e.g. the full-rank family's
+    :class:`~stanvi.estimators.elbo.FullRankRows`, which never forms the n × P matrix); the
+    statistics below need nothing else.
     """
+    if hasattr(G, "jackknife_moments"):
+        n = G.shape[0]
+        if n < 3:
+            raise ValueError(f"the jackknife needs n >= 3 draws, got {n}")
+        mean, sq_c, gc_mean = G.jackknife_moments()
+        return _from_moments(n, mean, sq_c, gc_mean)
     G = np.asarray(G, dtype=float)
     if G.ndim != 2:
         raise ValueError(f"G must be a 2-d (n, p) array, got shape {G.shape}")
@@ -47,9 +58,15 @@ def jackknife_snr(G: np.ndarray) -> JackknifeResult:
     mean = G.mean(axis=0)
     Gc = G - mean
     sq_c = np.einsum("ij,ij->i", Gc, Gc)  # ‖G_i − Ḡ‖²
+    gc_mean = Gc @ mean
+    return _from_moments(n, mean, sq_c, gc_mean)
+
+
+def _from_moments(n: int, mean: np.ndarray, sq_c: np.ndarray,
+                  gc_mean: np.ndarray) -> JackknifeResult:
+    """The jackknife from Ḡ, ‖G_i − Ḡ‖² and (G_i − Ḡ)ᵀḠ (see :func:`jackknife_snr`)."""
     theta_hat = float(mean @ mean - sq_c.sum() / (n * (n - 1)))
     # ‖G_i‖² − mean‖G‖² = ‖G_i−Ḡ‖² + 2(G_i−Ḡ)ᵀḠ − mean‖G_j−Ḡ‖²   (centred, no cancellation)
-    gc_mean = Gc @ mean
     sq_dev = sq_c + 2.0 * gc_mean - sq_c.mean()
     dev = (2.0 / ((n - 1) * (n - 2))) * (sq_dev - n * gc_mean)  # (G_i−Ḡ)ᵀS = n (G_i−Ḡ)ᵀḠ
     v_jk = (n - 1) / n * float(dev @ dev)
