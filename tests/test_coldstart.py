@@ -134,7 +134,7 @@ def _fit_in_new_process(cache_dir: Path, method: str, family: str) -> dict:
     return json.loads(line.split(" ", 1)[1])
 
 
-@pytest.mark.parametrize("method,family", [("trustvi", "meanfield"), ("advi", "fullrank")])
+@pytest.mark.parametrize("method,family", [("trustvi", "fullrank"), ("advi", "meanfield")])
 def test_persistent_cache_serves_the_next_process(tmp_path, eight_schools, method, family):
     """A second process fitting the same model compiles nothing: every program comes from the
     cache (with the state's address in the FFI attribute, every lookup missed), and both
@@ -300,5 +300,50 @@ def test_coldstart_child_reports_every_figure():
     assert out["fit"] >= out["setup"] + out["wall"] - 1e-9
     assert out["e2e"] >= out["import"] + out["fit"]
     assert out["status"] in ("converged", "max_iters", "budget")
+    assert out["cpu"] > 0.0 and out["cpu_import"] > 0.0 and out["cpu_fit"] > 0.0
+    assert out["cpu"] >= out["cpu_import"] + out["cpu_fit"] - 0.05  # the child's own share
     res = coldstart.ColdStartResult("advi", "meanfield", runs=[out])
-    assert "advi" in coldstart.format_table([res])
+    table = coldstart.format_table([res])
+    assert "advi" in table and "cpu" in table and "load" in table
+
+
+# ------------------------------------------------------------------ what a fit imports
+
+HEAVY_MODULES = ("arviz_stats", "arviz_base", "arviz_plots", "pandas", "xarray", "matplotlib",
+                 "scipy.stats")
+
+_IMPORTS_OF_A_FIT = """
+import json, sys
+import stanvi
+after_import = sorted(m for m in sys.modules if m.split(".")[0] in
+                      ("arviz_stats", "arviz_base", "arviz_plots", "pandas", "xarray",
+                       "matplotlib", "scipy"))
+fit = stanvi.fit(sys.argv[1], data=sys.argv[2], method=sys.argv[3], family=sys.argv[4],
+                 progress=False)
+fit.diagnostics()
+print("IMPORTS " + json.dumps({"import": after_import, "fit": sorted(sys.modules),
+                               "verdict": fit.diagnostics().verdict}))
+"""
+
+
+@pytest.mark.parametrize("method,family", [("trustvi", "fullrank"), ("advi", "meanfield")])
+def test_import_and_fit_import_nothing_heavy(eight_schools, method, family):
+    """``import stanvi`` and a fit (with its diagnostics line) import neither ArviZ nor pandas,
+    xarray, matplotlib or scipy.stats (issue 8 part 3: ~1 s of a first fit was arviz_stats'
+    import for the k-hat); ``import stanvi`` imports no SciPy at all, and a mean-field ADVI fit
+    none.  (TrustVI's Laplace warm start needs scipy.optimize, and jaxlib imports
+    scipy.linalg.cython_lapack for its LAPACK kernels when a program with a Cholesky or a
+    triangular solve is lowered: full-rank.)"""
+    out = subprocess.run([sys.executable, "-c", _IMPORTS_OF_A_FIT, str(coldstart.DEFAULT_MODEL),
+                          str(coldstart.DEFAULT_DATA), method, family], capture_output=True,
+                         text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("IMPORTS ")][-1]
+    got = json.loads(line.split(" ", 1)[1])
+    assert got["import"] == []
+    loaded = set(got["fit"])
+    assert not [m for m in loaded if m.split(".")[0] in HEAVY_MODULES or m in HEAVY_MODULES
+                or m.startswith("scipy.stats")]
+    if method == "advi":
+        assert not [m for m in loaded if m.split(".")[0] == "scipy"]
+    assert got["verdict"] in ("good", "use with care", "unreliable")

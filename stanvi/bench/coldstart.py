@@ -17,7 +17,13 @@ Then ``reps`` processes are timed and the median of each figure is printed:
   ``compile`` (``Fit.compile_time``: tracing, lowering and compiling or loading from the
   persistent cache the estimator's programs), and ``output`` (the rest: output draws in
   constrained space and the Pareto k-hat diagnostics);
-* ``e2e``: the whole process as the parent sees it, interpreter start-up and exit included.
+* ``e2e``: the whole process as the parent sees it, interpreter start-up and exit included;
+* ``cpu``: the CPU time (user + system, all threads) of the whole process, from the parent's
+  ``resource.getrusage(RUSAGE_CHILDREN)`` before and after it (the child also reports
+  ``cpu_import`` and ``cpu_fit``, its own ``time.process_time()`` over those two steps).  On a
+  machine shared with other jobs wall times grow with the load, CPU times much less, so the CPU
+  column is the one to compare across measurements;
+* ``load``: the 1-minute load average when the process started (printed, not a median).
 
 With ``jax_cache=False`` the processes run with ``STANVI_JAX_CACHE=0`` (every program compiled
 in every process), which shows what the persistent cache saves.  The load average of the machine
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,20 +48,20 @@ DEFAULT_MODEL = DEFAULT_MODELS_DIR / "eight_schools" / "eight_schools_noncentere
 DEFAULT_DATA = DEFAULT_MODELS_DIR / "eight_schools" / "eight_schools.data.json"
 DEFAULT_CONFIGS: tuple[tuple[str, str], ...] = (
     ("trustvi", "meanfield"), ("trustvi", "fullrank"), ("advi", "meanfield"), ("advi", "fullrank"))
-FIGURES = ("import", "setup", "wall", "compile", "output", "fit", "e2e")
+FIGURES = ("import", "setup", "wall", "compile", "output", "fit", "e2e", "cpu")
 
 # The child process: times `import stanvi` and `stanvi.fit`, prints one JSON line.
 _CHILD = r"""
 import json, sys, time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import stanvi
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 model, data, method, family = sys.argv[1:5]
 data = data or None
 fit = stanvi.fit(model, data=data, method=method, family=family, progress=False)
-t2 = time.perf_counter()
+t2, c2 = time.perf_counter(), time.process_time()
 print("STANVI_COLDSTART " + json.dumps({
-    "import": t1 - t0, "fit": t2 - t1, "setup": fit.setup_time, "wall": fit.wall_time,
+    "import": t1 - t0, "fit": t2 - t1, "cpu_import": c1 - c0, "cpu_fit": c2 - c1, "setup": fit.setup_time, "wall": fit.wall_time,
     "compile": fit.compile_time, "output": (t2 - t1) - fit.setup_time - fit.wall_time,
     "status": fit.status, "iterations": len(fit.trace) - 1,
     "jax_cache": getattr(getattr(stanvi, "jax_config", None), "persistent_cache_dir",
@@ -82,14 +89,20 @@ def run_child(model: Path, data: Path | None, method: str, family: str, *,
               jax_cache: bool = True, env: dict[str, str] | None = None,
               timeout: float = 600.0) -> dict:
     """One fresh process fitting ``model``; returns its timings plus ``e2e`` (the process's wall
-    time seen from here).  Raises RuntimeError with the child's stderr when it fails."""
+    time seen from here), ``cpu`` (its user + system CPU time, from this process's
+    RUSAGE_CHILDREN, so run one child at a time) and ``load`` (the 1-minute load average at its
+    start).  Raises RuntimeError with the child's stderr when it fails."""
     child_env = dict(os.environ if env is None else env)
     if not jax_cache:
         child_env["STANVI_JAX_CACHE"] = "0"
     cmd = [sys.executable, "-c", _CHILD, str(model), str(data or ""), method, family]
+    load = _load_1min()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env, timeout=timeout)
     e2e = time.perf_counter() - start
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if proc.returncode != 0:
         raise RuntimeError(f"the {method}/{family} process failed (exit {proc.returncode}):\n"
                            f"{proc.stderr[-3000:]}")
@@ -99,6 +112,8 @@ def run_child(model: Path, data: Path | None, method: str, family: str, *,
                            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     out = json.loads(lines[-1].split(" ", 1)[1])
     out["e2e"] = e2e
+    out["cpu"] = cpu
+    out["load"] = load
     return out
 
 
@@ -121,21 +136,33 @@ def measure(model: Path = DEFAULT_MODEL, data: Path | None = DEFAULT_DATA, *,
             res.runs.append(run_child(model, data, method, family, jax_cache=jax_cache))
             if echo:
                 r = res.runs[-1]
-                echo(f"  {method}/{family} run {i + 1}: e2e {r['e2e']:.2f} s "
-                     f"(import {r['import']:.2f}, fit {r['fit']:.2f})")
+                echo(f"  {method}/{family} run {i + 1}: e2e {r['e2e']:.2f} s, cpu "
+                     f"{r['cpu']:.2f} s (import {r['import']:.2f}, fit {r['fit']:.2f}; load "
+                     f"{r['load']:.2f})")
         results.append(res)
     return results
 
 
 def format_table(results: Sequence[ColdStartResult]) -> str:
     """The medians as a table, one row per configuration."""
-    head = f"{'method':<9} {'family':<10}" + "".join(f"{f:>9}" for f in FIGURES) + "   status"
+    head = (f"{'method':<9} {'family':<10}" + "".join(f"{f:>9}" for f in FIGURES)
+            + f"{'load':>12}   status")
     lines = [head, "-" * len(head)]
     for res in results:
         statuses = ",".join(sorted({r["status"] for r in res.runs}))
+        loads = [r["load"] for r in res.runs if r.get("load") is not None]
+        load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?"
         lines.append(f"{res.method:<9} {res.family:<10}"
-                     + "".join(f"{res.median(f):>9.2f}" for f in FIGURES) + f"   {statuses}")
+                     + "".join(f"{res.median(f):>9.2f}" for f in FIGURES) + f"{load:>12}"
+                     + f"   {statuses}")
     return "\n".join(lines)
+
+
+def _load_1min() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def _load_text() -> str:
@@ -160,7 +187,8 @@ def run(model: Path = DEFAULT_MODEL, data: Path | None = DEFAULT_DATA, *,
     load_after = _load_text()
     print(f"after:  {load_after}")
     print("medians in seconds (fit = setup + wall + output; compile is part of wall; e2e is the "
-          "whole process)")
+          "whole process, cpu its user + system CPU time; load: 1-minute load average at the "
+          "start of the timed processes, min-max)")
     print(format_table(results))
     if output is not None:
         Path(output).write_text(json.dumps({
