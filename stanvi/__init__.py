@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# JAX settings first (float64, the persistent compilation cache): every module below may build
+# arrays at import time.  The only place stanvi configures JAX.
+from stanvi.jax_config import configure as _configure_jax
+
+_configure_jax()
+
 from stanvi.errors import (ModelEvaluationError, StanCompileError, StanDataError, StanviError,
                            ToolchainError, VIError)
 from stanvi.stan.compiler import CompiledModel, compile_model
 from stanvi.stan.data import DataLike
 from stanvi.targets import JaxTarget, StanTarget
-
-from stanvi.jax_config import configure as _configure_jax
-
-_configure_jax()
 
 
 def _freeze_gc() -> None:
@@ -37,7 +39,7 @@ if os.environ.get("STANVI_FAST_EXIT", "1") != "0":
 
 from stanvi.fit import Fit, fit  # noqa: E402
 
-__version__ = "0.1.0"
+from stanvi.version import __version__  # noqa: E402
 
 
 def compile(path: str | os.PathLike, *, progress: bool = True, force: bool = False) -> Path:  # noqa: A001

@@ -166,12 +166,12 @@ def _trace_dataset_dict(trace) -> dict[str, np.ndarray]:
 
 def fit_attrs(fit, diagnostics=None) -> dict[str, Any]:
     """The metadata of a fit as netCDF-safe attributes."""
-    import stanvi  # noqa: PLC0415
+    from stanvi.version import __version__  # noqa: PLC0415
 
     attrs: dict[str, Any] = {
         "inference_library": "stanvi",
-        "inference_library_version": stanvi.__version__,
-        "stanvi_version": stanvi.__version__,
+        "inference_library_version": __version__,
+        "stanvi_version": __version__,
         "model": str(getattr(fit.target, "name", "")),
         "method": fit.method,
         "family": fit.family_name,

@@ -29,8 +29,6 @@ from stanvi.stan.compiler import CompiledModel
 from stanvi.targets.base import Target
 from stanvi.targets.jax_target import JaxTarget
 
-jax.config.update("jax_enable_x64", True)
-
 STATUSES = ("converged", "max_iters", "budget", "failed")
 
 

@@ -73,12 +73,12 @@ def _fmt(x: float, sig_figs: int | None) -> str:
 
 
 def _header_lines(fit, data_file: str | None) -> list[str]:
-    import stanvi  # noqa: PLC0415
+    from stanvi.version import __version__  # noqa: PLC0415
 
     model = str(getattr(fit.target, "name", "model"))
     n = int(np.shape(fit.log_p)[0])
     lines = [
-        f"stanvi_version = {stanvi.__version__}",
+        f"stanvi_version = {__version__}",
         f"model = {model}_model",
         "method = variational",
         "  variational",

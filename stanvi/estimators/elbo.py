@@ -25,8 +25,6 @@ import numpy as np
 
 from stanvi.errors import VIError
 
-jax.config.update("jax_enable_x64", True)
-
 
 class GradientFailure(VIError):
     """Too many draws of a stochastic gradient failed (the model threw or was non-finite)."""

@@ -94,8 +94,6 @@ from stanvi.methods.checks import PROBE_DRAWS, divergence, improper_direction
 from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
                                    purpose_key)
 
-jax.config.update("jax_enable_x64", True)
-
 # Hard-coded in [S] advi.hpp / the families.
 ETA_GRID: tuple[float, ...] = (100.0, 10.0, 1.0, 0.1, 0.01)   # adapt_eta's eta_sequence
 TAU = 1.0                # step-size constants of §2.5

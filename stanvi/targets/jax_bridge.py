@@ -15,7 +15,7 @@
   the value and gradient unbatched, as JAX requires of a primal output.
 
 Failed rows come back as ``-inf`` values and NaN derivatives, as in the Target protocol.
-Everything is float64 (the bridge turns on ``jax_enable_x64``).
+Everything is float64 (``jax_enable_x64``, set by :mod:`stanvi.jax_config` when stanvi is imported).
 
 **Two ways into C++.**  For a :class:`~stanvi.targets.stan_target.StanTarget` the three calls
 are XLA FFI custom calls (:mod:`stanvi.targets.jax_ffi`): XLA calls the model library's batched
@@ -36,8 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from stanvi.targets.base import Target
-
-jax.config.update("jax_enable_x64", True)
 
 
 def _flatten(z: np.ndarray, dim: int) -> tuple[np.ndarray, tuple[int, ...]]:

@@ -16,8 +16,6 @@ import numpy as np
 
 from stanvi.targets.base import BatchResult, OracleCounter, as_batch
 
-jax.config.update("jax_enable_x64", True)
-
 
 class JaxTarget:
     """A target given as a JAX function ``log_density(z) -> scalar`` of z with shape (D,).
