@@ -26,6 +26,7 @@ from stanvi.methods.common import MethodResult, Trace, purpose_key
 from stanvi.methods.context import RunContext
 from stanvi.methods.progress import IterationProgress
 from stanvi.stan.compiler import CompiledModel
+from stanvi.stan.names import element_labels
 from stanvi.targets.base import Target
 from stanvi.targets.jax_target import JaxTarget
 
@@ -135,11 +136,8 @@ class Fit:
         rows, index = [], []
         for name, arr in self.draws.items():
             flat = arr.reshape(arr.shape[0], -1, order="F")
-            shape = arr.shape[1:]
-            for j in range(flat.shape[1]):
+            for j, label in enumerate(element_labels(name, arr.shape[1:])):
                 col = flat[:, j]
-                label = name if not shape else (
-                    f"{name}[{','.join(str(i + 1) for i in np.unravel_index(j, shape, order='F'))}]")
                 finite = col[np.isfinite(col)]
                 stats = [finite.mean(), finite.std(ddof=1) if len(finite) > 1 else np.nan]
                 stats += list(np.percentile(finite, percentiles)) if len(finite) else [np.nan] * len(percentiles)

@@ -27,22 +27,16 @@ from typing import Any
 import numpy as np
 
 from stanvi.arviz_io import _jsonable, log_g, save_netcdf, save_zarr
+from stanvi.stan.names import element_labels
 
 STAN_COLUMNS = ("lp__", "log_p__", "log_g__")
-
-
-def _flat_names(name: str, shape: tuple[int, ...]) -> list[str]:
-    if not shape:
-        return [name]
-    idx = np.unravel_index(np.arange(int(np.prod(shape))), shape, order="F")
-    return [name + "." + ".".join(str(int(i[j]) + 1) for i in idx) for j in range(len(idx[0]))]
 
 
 def csv_columns(draws: dict[str, np.ndarray]) -> list[str]:
     """The constrained column names (CmdStan style) for draws by variable name."""
     cols: list[str] = []
     for name, arr in draws.items():
-        cols += _flat_names(name, np.shape(arr)[1:])
+        cols += element_labels(name, np.shape(arr)[1:], style="dots")
     return cols
 
 

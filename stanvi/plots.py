@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from stanvi.stan.names import element_labels
+
 _BAND_COLORS = {"good": "#d9f0d3", "use with care": "#fff3c4", "unreliable": "#f8d0cc"}
 
 
@@ -169,10 +171,7 @@ def _scalar_columns(draws: Mapping[str, np.ndarray], var_names) -> list[tuple[st
             raise KeyError(f"no variable {name!r}; variables: {list(draws)}")
         arr = np.asarray(draws[name], dtype=float)
         flat = arr.reshape(arr.shape[0], -1, order="F")
-        shape = arr.shape[1:]
-        for j in range(flat.shape[1]):
-            label = name if not shape else name + "[" + ",".join(
-                str(int(i) + 1) for i in np.unravel_index(j, shape, order="F")) + "]"
+        for j, label in enumerate(element_labels(name, arr.shape[1:])):
             cols.append((name, label, flat[:, j]))
     return cols
 

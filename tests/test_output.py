@@ -96,3 +96,13 @@ def test_zarr_only_with_zarr_installed(fit, tmp_path):
     paths = fit.save(tmp_path / "z", zarr=True)
     tree = load_datatree(paths["zarr"])
     np.testing.assert_array_equal(tree["posterior"]["alpha"].values[0], fit.draws["alpha"])
+
+
+def test_element_labels_are_column_major_in_both_styles():
+    from stanvi.stan.names import element_labels
+    assert element_labels("sigma", ()) == ["sigma"]
+    assert element_labels("b", (2, 3)) == ["b[1,1]", "b[2,1]", "b[1,2]", "b[2,2]", "b[1,3]",
+                                           "b[2,3]"]
+    assert element_labels("b", (2, 2), style="dots") == ["b.1.1", "b.2.1", "b.1.2", "b.2.2"]
+    with pytest.raises(ValueError, match="style"):
+        element_labels("b", (2,), style="x")

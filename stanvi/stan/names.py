@@ -58,3 +58,18 @@ def group_names(flat_names: list[str]) -> list[Variable]:
         variables.append(Variable(base, shape, i, j))
         i = j
     return variables
+
+
+def element_labels(name: str, shape: tuple[int, ...], style: str = "brackets") -> list[str]:
+    """The labels of a variable's elements in Stan's column-major order (first index fastest):
+    ``style='brackets'`` as cmdstanpy and ArviZ users read them (``beta[1,2]``), ``'dots'`` as
+    Stan's CSV header writes them (``beta.1.2``).  A scalar is just its name."""
+    if not shape:
+        return [name]
+    idx = np.unravel_index(np.arange(int(np.prod(shape))), shape, order="F")
+    elements = [[str(int(i[j]) + 1) for i in idx] for j in range(len(idx[0]))]
+    if style == "brackets":
+        return [f"{name}[{','.join(e)}]" for e in elements]
+    if style == "dots":
+        return [".".join([name, *e]) for e in elements]
+    raise ValueError(f"style must be 'brackets' or 'dots', got {style!r}")
