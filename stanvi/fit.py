@@ -22,15 +22,13 @@ from stanvi.errors import VIError
 from stanvi.estimators.elbo import ElboEstimator, estimator_for, standard_normal
 from stanvi.families import make_family
 from stanvi.methods import get_method, make_options
-from stanvi.methods.common import MethodResult, Trace, purpose_key
-from stanvi.methods.context import RunContext
-from stanvi.methods.progress import IterationProgress
+from stanvi.methods.base import MethodResult, RunContext, Trace, purpose_key
+from stanvi.progress import IterationProgress
 from stanvi.stan.compiler import CompiledModel
 from stanvi.stan.names import element_labels
 from stanvi.targets.base import Target
 from stanvi.targets.jax_target import JaxTarget
 
-STATUSES = ("converged", "max_iters", "budget", "failed")
 
 
 @dataclass
@@ -43,7 +41,7 @@ class Fit:
         draws: constrained draws by Stan variable name, each (n_draws, *shape).
         unconstrained_draws: (n_draws, D).
         log_p, log_q: log p (Jacobian included, normalized) and log q at each draw.
-        trace: the per-iteration :class:`~stanvi.methods.common.Trace`.
+        trace: the per-iteration :class:`~stanvi.methods.base.Trace`.
         oracle: final oracle counts (scaled and literal paper units, draw-level counts).
         status: 'converged' | 'max_iters' | 'budget' | 'failed'; ``message`` says more.
         wall_time: seconds in the method, JAX compilation included; ``compile_time``: the part

@@ -16,9 +16,8 @@ from stanvi.errors import VIError
 from stanvi.estimators import ElboEstimator, GradientFailure, gradient_with_redraws, standard_normal
 from stanvi.families import FullRank, MeanField
 from stanvi.methods import advi, get_method, make_options
-from stanvi.methods.common import purpose_key
-from stanvi.methods.context import RunContext
-from stanvi.methods.progress import IterationProgress
+from stanvi.methods.base import RunContext, purpose_key
+from stanvi.progress import IterationProgress
 
 DBL_MAX = advi.DBL_MAX
 

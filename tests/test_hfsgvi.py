@@ -21,9 +21,8 @@ from gaussian_targets import GaussianProblem, gap, make_problem, noise_gap_bound
 from stanvi.estimators import ElboEstimator, standard_normal
 from stanvi.families import MeanField
 from stanvi.methods import hfsgvi, make_options
-from stanvi.methods.common import purpose_key
-from stanvi.methods.context import RunContext
-from stanvi.methods.progress import IterationProgress
+from stanvi.methods.base import RunContext, purpose_key
+from stanvi.progress import IterationProgress
 
 jax.config.update("jax_enable_x64", True)
 

@@ -28,9 +28,8 @@ from gaussian_targets import gap, make_problem, noise_gap_bound
 from stanvi.estimators import ElboEstimator
 from stanvi.families import FullRank, MeanField
 from stanvi.methods import make_options, trustvi
-from stanvi.methods.common import purpose_key
-from stanvi.methods.context import RunContext
-from stanvi.methods.progress import IterationProgress
+from stanvi.methods.base import RunContext, purpose_key
+from stanvi.progress import IterationProgress
 
 jax.config.update("jax_enable_x64", True)
 

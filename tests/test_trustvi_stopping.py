@@ -17,7 +17,7 @@ import stanvi
 from gaussian_targets import GaussianProblem, gap
 from stanvi.estimators import ElboEstimator
 from stanvi.families import FullRank, MeanField
-from stanvi.methods.common import OracleLedger
+from stanvi.methods.base import OracleLedger
 from stanvi.methods.refine import refine
 from stanvi.methods.trustvi import _certified_gain
 from stanvi.methods.warm_start import laplace_start

@@ -91,7 +91,7 @@ from stanvi.errors import VIError
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.families import FullRank, MeanField
 from stanvi.methods.checks import PROBE_DRAWS, divergence, improper_direction
-from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
+from stanvi.methods.base import (MethodResult, OracleLedger, Trace, compile_clock,
                                    purpose_key)
 
 # Hard-coded in [S] advi.hpp / the families.

@@ -27,9 +27,8 @@ import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
 from stanvi.methods.checks import divergence
-from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
-                                   purpose_key)
-from stanvi.methods.context import RunContext
+from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, Trace, compile_clock,
+                                 purpose_key)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, per_draw_gradients, valid_draws
-from stanvi.methods.common import OracleLedger
+from stanvi.methods.base import OracleLedger
 from stanvi.optim.gltr import solve_gltr
 
 

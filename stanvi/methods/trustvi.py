@@ -57,10 +57,9 @@ import numpy as np
 
 from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, standard_normal,
                                     valid_draws)
-from stanvi.methods.common import (MethodResult, OracleLedger, Trace, compile_clock,
-                                   purpose_key)
+from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, Trace, compile_clock,
+                                 purpose_key)
 from stanvi.methods.checks import divergence, support_failure_message, support_failures
-from stanvi.methods.context import RunContext
 from stanvi.methods.refine import refine
 from stanvi.methods.warm_start import laplace_start
 from stanvi.optim.dense_tr import TRResult, solve_dense_tr

@@ -24,7 +24,7 @@ import numpy as np
 import jax
 
 from stanvi.estimators.elbo import standard_normal
-from stanvi.methods.common import OracleLedger
+from stanvi.methods.base import OracleLedger
 
 
 def _mean_elbo(est, params: np.ndarray, eps: np.ndarray) -> float:

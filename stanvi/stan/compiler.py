@@ -23,7 +23,7 @@ from pathlib import Path
 
 from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.stan.cache import cache_root, file_sha256, lock_for, model_key
-from stanvi.stan.progress import StageProgress
+from stanvi.progress import StageProgress
 from stanvi.stan.toolchain import (GLUE_SOURCE, Toolchain, find_toolchain, glue_fingerprint,
                                    library_fingerprint)
 

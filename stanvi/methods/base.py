@@ -1,5 +1,8 @@
-"""What every method shares: oracle accounting, the iteration trace, random-key purposes and the
-result a method returns (DESIGN.md, "Conventions"; spec trustvi_hfsgvi_advi.md §3, §4.8).
+"""What every method shares (DESIGN.md, "Conventions"; spec trustvi_hfsgvi_advi.md §3, §4.8):
+oracle accounting (:class:`OracleLedger`), the iteration trace (:class:`Trace`), random-key
+purposes (:func:`purpose_key`), the run context a method receives besides its options
+(:class:`RunContext`: initial point, budget, progress, the ELBO estimator) and the result a method
+returns (:class:`MethodResult`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from stanvi.estimators.elbo import ElboEstimator
+from stanvi.progress import IterationProgress
 
 # Oracle prices of the TrustVI paper (§3): a 256-draw gradient = 1, an 85-draw HVP = 2,
 # a 128-draw ELBO-change estimate = 1.
@@ -90,12 +96,6 @@ class OracleLedger:
                 "log_density_draws": self.log_density_draws,
                 "screening_draws": self.screening_draws}
 
-    @property
-    def draw_evaluations(self) -> int:
-        """Draw-level model evaluations of any kind (the laptop cost measure)."""
-        return (self.gradient_draws + self.hvp_draws + self.log_density_draws
-                + self.screening_draws)
-
 
 @dataclass
 class Trace:
@@ -140,11 +140,6 @@ class Trace:
             self.params.append(None)
         self._last = np.array(params, dtype=float, copy=True)  # the latest iterate, always
 
-    @property
-    def last_params(self) -> np.ndarray:
-        """The iterate of the last row (always kept)."""
-        return self._last
-
     def kept_rows(self) -> np.ndarray:
         """Indices of the rows whose iterate was kept (the last row included)."""
         idx = [i for i, p in enumerate(self.params) if p is not None]
@@ -182,3 +177,24 @@ class MethodResult:
     status: str
     message: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunContext:
+    """Attributes:
+        init_mu: initial mean in unconstrained space (D,), or None for the method's own rule
+            (then ``random_init_mu`` gives Stan's uniform(−2, 2) initialization).
+        random_init_mu: Stan-style random initial point (uniform(−2, 2), finite density), (D,).
+        max_oracle_calls: budget in scaled oracle units (None: unlimited).
+        estimator: the compiled ELBO estimator.
+        progress: progress display.
+    """
+
+    init_mu: np.ndarray | None
+    random_init_mu: np.ndarray
+    max_oracle_calls: float | None
+    estimator: ElboEstimator
+    progress: IterationProgress
+
+    def over_budget(self, oracle_scaled: float) -> bool:
+        return self.max_oracle_calls is not None and oracle_scaled >= self.max_oracle_calls
