@@ -7,24 +7,22 @@ the docstring), a ``PROFILES`` dict of named option sets, and
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-_MODULES = {
-    "trustvi": "stanvi.methods.trustvi",
-    "advi": "stanvi.methods.advi",
-    "hfsgvi": "stanvi.methods.hfsgvi",
-}
+from stanvi.methods import advi, hfsgvi, trustvi
+
+METHODS: dict[str, ModuleType] = {"trustvi": trustvi, "advi": advi, "hfsgvi": hfsgvi}
+"""``stanvi.fit(method=name)`` → the module that implements it."""
 
 
 def available() -> list[str]:
-    return sorted(_MODULES)
+    return sorted(METHODS)
 
 
 def get_method(name: str) -> ModuleType:
     """The module implementing method ``name``."""
     try:
-        return importlib.import_module(_MODULES[name])
+        return METHODS[name]
     except KeyError:
         raise ValueError(f"unknown method {name!r}; choose one of {available()}") from None
 
