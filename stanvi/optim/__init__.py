@@ -1,13 +1,14 @@
-"""Numerical building blocks of TrustVI (spec trustvi_hfsgvi_advi.md §4.3–§4.6).
+"""Numerical building blocks of TrustVI (Regier, Jordan & McAuliffe 2017, §3.2–§3.3;
+docs/algorithms.md#trustvi; the ``#anchors`` below are sections of docs/algorithms.md).
 
-* :mod:`~stanvi.optim.dense_tr` — dense trust-region subproblem (Moré–Sorensen, §4.5.3) and the
+* :mod:`~stanvi.optim.dense_tr` — dense trust-region subproblem (Moré–Sorensen, #dense-tr) and the
   shared :class:`TRResult`;
-* :mod:`~stanvi.optim.steihaug` — Steihaug–Toint truncated CG (§4.5.1);
-* :mod:`~stanvi.optim.gltr` — GLTR / Lanczos (§4.5.2) and subspace Hessian reuse (§4.4);
+* :mod:`~stanvi.optim.steihaug` — Steihaug–Toint truncated CG (#steihaug);
+* :mod:`~stanvi.optim.gltr` — GLTR / Lanczos (#gltr) and subspace Hessian reuse (#hessian-reuse);
 * :mod:`~stanvi.optim.sample_size` — ELBO-change sample sizes, Inequalities 11 and 13 and the
-  retrospective update (§4.6);
+  retrospective update (#sample-size);
 * :mod:`~stanvi.optim.jackknife` — gradient signal-to-noise jackknife and replication factor
-  (§4.3).
+  (#trustvi-gradient).
 
 All solvers minimize ``q(s) = cᵀs + ½ sᵀBs`` s.t. ``‖s‖ ≤ δ``; TrustVI maximizes
 ``gᵀs + ½ sᵀHs`` and calls them with ``c = −g``, ``B = −H`` and uses ``m' = −q_value``.

@@ -1,5 +1,6 @@
 """Small dense trust-region subproblem: Moré–Sorensen on an eigendecomposition
-(spec trustvi_hfsgvi_advi.md §4.5.3; Nocedal & Wright, *Numerical Optimization*, ch. 4.3).
+(Moré & Sorensen 1983; Nocedal & Wright 2006, *Numerical Optimization*, §4.3, Algorithm 4.3;
+docs/algorithms.md#dense-tr).
 
 Minimize ``q(h) = bᵀh + ½ hᵀTh`` subject to ``‖h‖ ≤ δ`` for a symmetric ``T`` (k×k, k at most
 a few hundred). The global minimizer is characterized by (N&W Thm. 4.1)
@@ -12,8 +13,8 @@ With ``T = VΛVᵀ`` and ``b̃ = Vᵀb`` the boundary multiplier solves the secu
 case), by safeguarded Newton on ``1/‖h(t)‖ − 1/δ`` (which is concave and increasing in t,
 so Newton from the left converges monotonically) with a bisection fallback.
 
-This solver is used by GLTR (``b = ‖c‖e₁``), by subspace Hessian reuse (§4.4) and as the
-reference solver in the tests.
+This solver is used by GLTR (``b = ‖c‖e₁``), by subspace Hessian reuse
+(docs/algorithms.md#hessian-reuse) and as the reference solver in the tests.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 __all__ = ["DenseTRResult", "TRResult", "solve_dense_tr", "tr_model_value"]
 
 #: Relative size (w.r.t. ``‖b‖``) below which the components of b̃ along the bottom
-#: eigenspace count as zero (the "hard case", §4.5.3 step 4).
+#: eigenspace count as zero (the "hard case", docs/algorithms.md#dense-tr).
 HARD_CASE_TOL = 1e-12
 #: Relative gap (w.r.t. ``max|λ|``) below which an eigenvalue counts as equal to λ₁.
 EIG_CLUSTER_TOL = 1e-12
@@ -34,7 +35,7 @@ _MAX_SECULAR_ITER = 200
 
 
 class DenseTRResult(NamedTuple):
-    """Solution of the dense subproblem (§4.5.3).
+    """Solution of the dense subproblem (docs/algorithms.md#dense-tr).
 
     ``h``: minimizer; ``q_value``: ``bᵀh + ½hᵀTh`` (≤ 0); ``multiplier``: the Lagrange
     multiplier ν ≥ 0 (0 for an interior solution); ``hard_case``: the bottom-eigenvector
@@ -107,7 +108,7 @@ def _solve_secular(bt: np.ndarray, d: np.ndarray, delta: float, t_lo: float) -> 
 
 
 def solve_dense_tr(T: np.ndarray, b: np.ndarray, delta: float) -> DenseTRResult:
-    """Global minimizer of ``bᵀh + ½ hᵀTh`` over ``‖h‖ ≤ δ`` (§4.5.3).
+    """Global minimizer of ``bᵀh + ½ hᵀTh`` over ``‖h‖ ≤ δ`` (docs/algorithms.md#dense-tr).
 
     1. ``T = VΛVᵀ``, ``b̃ = Vᵀb``, λ₁ = smallest eigenvalue.
     2. Interior: λ₁ > 0 and ``‖Λ⁻¹b̃‖ ≤ δ`` → Newton step ``h = −VΛ⁻¹b̃``, ν = 0.
@@ -164,21 +165,24 @@ def solve_dense_tr(T: np.ndarray, b: np.ndarray, delta: float) -> DenseTRResult:
 
 
 # --------------------------------------------------------------------------------------------
-# Result type shared by the operator-based solvers (Steihaug, GLTR, subspace reuse; §4.5)
+# Result type shared by the operator-based solvers (Steihaug, GLTR, subspace reuse;
+# docs/algorithms.md#trust-region-subproblem)
 # --------------------------------------------------------------------------------------------
 
 class TRResult(NamedTuple):
-    """Approximate solution of ``min q(s) = cᵀs + ½ sᵀBs`` s.t. ``‖s‖ ≤ δ`` (§4.5).
+    """Approximate solution of ``min q(s) = cᵀs + ½ sᵀBs`` s.t. ``‖s‖ ≤ δ``
+    (docs/algorithms.md#trust-region-subproblem).
 
     ``s``: the step; ``q_value``: ``q(s)`` (≤ 0; the TrustVI model improvement is
     ``m' = −q_value``), exact from quantities already computed (no extra HVP); ``n_hvp``: number
     of operator applications ``v ↦ Bv`` spent; ``on_boundary``: the step lies on the trust-region
-    boundary; ``hard_case``: the (reduced) dense solve hit the hard case (§4.5.2); ``Q`` (n×j) and
-    ``T`` (j×j, ``= QᵀBQ``): the orthonormal Krylov basis and projected matrix, kept for subspace
-    reuse (§4.4), ``None`` for Steihaug; ``status``: ``"converged"`` (interior, residual test
-    met), ``"boundary"`` (converged/terminated on the boundary), ``"max_iter"``,
-    ``"breakdown"`` (invariant Krylov subspace) or ``"non_finite"`` (an operator result was not
-    finite: ``s = 0``, ``q_value = nan``; the caller must reject the step, §4.7).
+    boundary; ``hard_case``: the (reduced) dense solve hit the hard case
+    (docs/algorithms.md#gltr); ``Q`` (n×j) and ``T`` (j×j, ``= QᵀBQ``): the orthonormal Krylov
+    basis and projected matrix, kept for subspace reuse (docs/algorithms.md#hessian-reuse),
+    ``None`` for Steihaug; ``status``: ``"converged"`` (interior, residual test met),
+    ``"boundary"`` (converged/terminated on the boundary), ``"max_iter"``, ``"breakdown"``
+    (invariant Krylov subspace) or ``"non_finite"`` (an operator result was not finite:
+    ``s = 0``, ``q_value = nan``; the caller must reject the step, docs/algorithms.md#non-finite).
     """
 
     s: np.ndarray
@@ -207,5 +211,6 @@ def _zero_step_result(n: int, Q: np.ndarray | None = None,
 
 
 def _non_finite_result(n: int, n_hvp: int) -> TRResult:
-    """Result after a non-finite operator application (§4.7): reject the step."""
+    """Result after a non-finite operator application: reject the step
+    (docs/algorithms.md#non-finite)."""
     return TRResult(np.zeros(n), float("nan"), n_hvp, False, False, None, None, "non_finite")

@@ -1,19 +1,22 @@
 """GLTR: the Lanczos trust-region method, and subspace Hessian reuse
-(spec trustvi_hfsgvi_advi.md §4.5.2 and §4.4; Gould, Lucidi, Roma & Toint, SIAM J. Optim. 9,
-1999; trlib).
+(Gould, Lucidi, Roma & Toint 1999, SIAM J. Optim. 9(2):504–525; trlib, Lenders, Kirches &
+Potschka 2016, which the TrustVI authors' code calls; Regier et al. 2017, §3.2, for the reuse;
+docs/algorithms.md#gltr and #hessian-reuse).
 
 Minimize ``q(s) = cᵀs + ½ sᵀBs`` subject to ``‖s‖ ≤ δ`` with ``B`` available only as an
 operator. Lanczos from ``q₁ = c/‖c‖`` (with full reorthogonalization, since ``j`` stays small)
 builds an orthonormal basis ``Q_j`` of the Krylov space and the projected matrix
 ``T_j = Q_jᵀBQ_j``; the reduced problem ``min ‖c‖e₁ᵀh + ½hᵀT_jh, ‖h‖ ≤ δ`` is solved densely
-(§4.5.3) and ``s = Q_jh``. Because ``BQ_j = Q_jT_j + β_{j+1}q_{j+1}e_jᵀ``, the full-space
-Lagrangian-gradient residual is ``(B + νI)s + c = β_{j+1}(e_jᵀh) q_{j+1}``, of norm
-``|β_{j+1}||e_jᵀh|``, so convergence is checked without extra operator applications, and
+(Moré–Sorensen, docs/algorithms.md#dense-tr) and ``s = Q_jh``. Because
+``BQ_j = Q_jT_j + β_{j+1}q_{j+1}e_jᵀ``, the full-space Lagrangian-gradient residual is
+``(B + νI)s + c = β_{j+1}(e_jᵀh) q_{j+1}``, of norm ``|β_{j+1}||e_jᵀh|``, so convergence is
+checked without extra operator applications, and
 ``q(s) = ‖c‖h₁ + ½hᵀT_jh`` is exact.
 
 We store the full projected column ``Q_jᵀ(Bq_j)`` (the Gram–Schmidt coefficients of the
 reorthogonalization) rather than only the tridiagonal entries, so ``T`` is the Rayleigh–Ritz
-matrix ``QᵀBQ`` to rounding and can be extended directly for reuse (§4.4).
+matrix ``QᵀBQ`` to rounding and can be extended directly for reuse
+(docs/algorithms.md#hessian-reuse).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ HVP = Callable[[np.ndarray], np.ndarray]
 #: (numerically) invariant under B.
 BREAKDOWN_TOL = 1e-12
 #: Subspace reuse skips the new direction when the new gradient's component outside span(Q)
-#: is below this fraction of ``‖c‖`` (§4.4).
+#: is below this fraction of ``‖c‖`` (docs/algorithms.md#hessian-reuse).
 REUSE_SKIP_TOL = 1e-8
 
 
@@ -58,7 +61,8 @@ def _orthogonalize(basis: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.nda
 def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1e-2,
                tol_boundary: float = 1e-1, max_krylov: int | None = None,
                max_lanczos_after_boundary: int = 100) -> TRResult:
-    """GLTR (§4.5.2). Returns a :class:`~stanvi.optim.dense_tr.TRResult` with ``Q``, ``T``.
+    """GLTR (Gould et al. 1999; docs/algorithms.md#gltr). Returns a
+    :class:`~stanvi.optim.dense_tr.TRResult` with ``Q``, ``T``.
 
     Iteration ``j`` spends one operator application ``B q_j``, extends ``T_j``, solves the reduced
     problem with :func:`~stanvi.optim.dense_tr.solve_dense_tr` and stops when
@@ -139,7 +143,8 @@ def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1
 
 def solve_subspace_reuse(hvp: HVP, c_new: np.ndarray, delta: float, Q: np.ndarray | None,
                          T: np.ndarray | None) -> TRResult:
-    """Subspace Hessian reuse (§4.4, mode ``"subspace"``): one operator application at most.
+    """Subspace Hessian reuse (docs/algorithms.md#hessian-reuse, mode ``"subspace"``): one
+    operator application at most.
 
     Given the basis ``Q`` (n×j, orthonormal) and ``T = QᵀBQ`` of a previous solve with the same
     operator, orthogonalize ``c_new`` against ``Q`` (twice), normalize the remainder to ``q⁺``

@@ -1,6 +1,6 @@
 """ELBO-change sample sizes for TrustVI's step assessment
-(spec trustvi_hfsgvi_advi.md §4.2 derived constants, §4.6; Regier et al., TrustVI, §3.3,
-Inequalities 11 and 13).
+(Regier, Jordan & McAuliffe 2017, §3.3.1 "Choosing the sample size": Inequalities 11 and 13,
+Eq. 12 for τ1, τ2; docs/algorithms.md#sample-size and #trustvi-constants).
 
 * Inequality 11 (sample enough to reject bad steps): with ``A = η m'``, ``B = τ2 δ²``,
   ``C = τ1 δ²`` and ``y_lo = max(−A/2, −B)``,
@@ -14,7 +14,7 @@ Inequalities 11 and 13).
   form via Lambert W (:func:`ineq11_sup_closed_form`).
 * Inequality 13 (sample enough to accept good steps):
   ``N_13 = ⌈−2σ² log(1 − ζ1) / (ν1² ‖∇L‖² δ²)⌉``.
-* The retrospective update of ``N`` (§4.6, default policy).
+* The retrospective update of ``N`` (docs/algorithms.md#sample-size, default policy).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _MAX_BISECTIONS = 2000
 
 
 class Ineq11Result(NamedTuple):
-    """Supremum of ``R`` in Inequality 11 (§4.6).
+    """Supremum of ``R`` in Inequality 11 (docs/algorithms.md#sample-size).
 
     ``value``: ``sup R`` (may be ≤ 0, then ``N_11 = 0``); ``y_star``: the maximizer (``y_lo``
     for the boundary branch, where the supremum is the limit ``R(y_lo⁺)``); ``branch``:
@@ -51,7 +51,8 @@ class Ineq11Result(NamedTuple):
 
 def tau_constants(alpha: float = 5.0, gamma: float = 2.0, lam: float = 1e-3
                   ) -> tuple[float, float]:
-    """``(τ1, τ2) = (α(1 − γ⁻²) − λ, α(γ² − γ⁻²))`` (§4.2); defaults give (3.749, 18.75).
+    """``(τ1, τ2) = (α(1 − γ⁻²) − λ, α(γ² − γ⁻²))`` (Eq. 12 of the TrustVI paper); defaults
+    give (3.749, 18.75).
 
     Raises ``ValueError`` unless ``γ > 1`` and ``α > λ/(1 − γ⁻²)`` (so that τ1 > 0).
     """
@@ -91,13 +92,15 @@ def _check(sigma2: float, A: float, C: float) -> None:
 
 def ineq11_sup(sigma2: float, m_prime: float, delta: float, *, eta: float = 0.25,
                tau1: float, tau2: float, factor_two: bool = True) -> Ineq11Result:
-    """Supremum of ``R`` over ``y > y_lo`` by the ψ sign analysis and bisection (§4.6).
+    """Supremum of ``R`` over ``y > y_lo`` by the ψ sign analysis and bisection
+    (docs/algorithms.md#sample-size).
 
     If ``ψ(y_lo⁺) ≤ 0`` the supremum is ``R(y_lo⁺)`` (boundary branch; for ``y_lo = −B`` this
     never happens since ``ψ(−B⁺) = A − B > 0``). Otherwise bracket the root of ψ by doubling
     the offset ``y − y_lo`` starting from ``C`` until ``ψ < 0``, then bisect to a relative
     tolerance of 1e-10 on the offset. Requires ``A = η m' > 0`` (else ``ValueError``).
-    ``factor_two=False`` drops the factor 2 (the ``reference_code`` profile, §4.9).
+    ``factor_two=False`` drops the factor 2 (the ``reference_code`` profile,
+    docs/algorithms.md#reference-code).
     """
     A, B, C = _abc(m_prime, delta, eta, tau1, tau2)
     _check(sigma2, A, C)
@@ -129,7 +132,7 @@ def ineq11_sup(sigma2: float, m_prime: float, delta: float, *, eta: float = 0.25
 
 def ineq11_sup_closed_form(sigma2: float, m_prime: float, delta: float, *, eta: float = 0.25,
                            tau1: float, tau2: float, factor_two: bool = True) -> Ineq11Result:
-    """Lambert-W closed form of :func:`ineq11_sup` (§4.6 [review]); a test oracle.
+    """Lambert-W closed form of :func:`ineq11_sup` (docs/algorithms.md#sample-size); a test oracle.
 
     With ``x = (B + y)/C``, ``ψ = 0`` ⇔ ``x(2 log x − 1) = (A − B)/C``, whose root on the falling
     branch is ``x* = exp(½ + W₀((A − B)/(2C√e)))`` (exists iff the argument is ≥ −1/e). The root
@@ -165,7 +168,7 @@ def _ceil_count(value: float) -> int:
 
 def n_ineq11(sigma2: float, m_prime: float, delta: float, *, eta: float = 0.25, tau1: float,
              tau2: float, factor_two: bool = True) -> int:
-    """``N_11 = ⌈max(0, sup R)⌉`` (§4.6, Inequality 11), via :func:`ineq11_sup`.
+    """``N_11 = ⌈max(0, sup R)⌉`` (Inequality 11), via :func:`ineq11_sup`.
 
     Returns :data:`N_INFINITE` (``sys.maxsize``) when ``η m'`` is not finite and positive (the
     caller only assesses steps with ``η m' ≥ λδ² > 0``) or when σ² is not finite, and 0 when
@@ -194,7 +197,7 @@ def n_ineq11_closed_form(sigma2: float, m_prime: float, delta: float, *, eta: fl
 
 def n_ineq13(sigma2: float, grad_norm_sq: float, delta: float, *, zeta1: float = 0.7,
              nu1: float = 0.5) -> int:
-    """``N_13 = ⌈−2σ² log(1 − ζ1) / (ν1² ‖∇L‖² δ²)⌉`` (§4.6, Inequality 13).
+    """``N_13 = ⌈−2σ² log(1 − ζ1) / (ν1² ‖∇L‖² δ²)⌉`` (Inequality 13).
 
     ``grad_norm_sq`` is ``‖g_k‖²`` (default) or the jackknife ``θ̂`` (option ``"unbiased"``).
     If it is ≤ 0 (or anything is non-finite) the requirement is unbounded and
@@ -209,7 +212,8 @@ def n_ineq13(sigma2: float, grad_norm_sq: float, delta: float, *, zeta1: float =
 
 
 def retrospective_update(N_k: int, N_star: int | None, n_g: int, N_max: int) -> int:
-    """Retrospective ELBO-change sample-size update (§4.6, ``n_change_policy="retrospective"``).
+    """Retrospective ELBO-change sample-size update (docs/algorithms.md#sample-size,
+    ``n_change_policy="retrospective"``).
 
     ``N_k`` is the sample size the step was judged with, ``N_star = max(N_11, N_13)`` from
     ``σ̂_k²``, ``n_g`` the current gradient batch size:
@@ -232,10 +236,10 @@ def retrospective_update(N_k: int, N_star: int | None, n_g: int, N_max: int) -> 
 
 
 def reference_code_update(N_k: int, N_star: int | None, N_min: int, N_max: int) -> int:
-    """The authors' code's ELBO-change sample-size update (§4.6 last bullet, §4.9 item 4; the
-    ``reference_code`` profile): double while below ``N_max`` if ``N* > N_k``; halve, with floor
-    ``N_min`` (128 in [R]), whenever ``N* < N_k/2``; otherwise keep.  ``N_k ≤ 0`` or
-    ``N_star is None`` keep ``N_k``, as in :func:`retrospective_update`."""
+    """The authors' code's ELBO-change sample-size update (docs/algorithms.md#sample-size
+    and #reference-code; the ``reference_code`` profile): double while below ``N_max`` if
+    ``N* > N_k``; halve, with floor ``N_min`` (128 in [R]), whenever ``N* < N_k/2``; otherwise
+    keep.  ``N_k ≤ 0`` or ``N_star is None`` keep ``N_k``, as in :func:`retrospective_update`."""
     N_k = int(N_k)
     if N_k <= 0 or N_star is None:
         return N_k

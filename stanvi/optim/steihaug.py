@@ -1,5 +1,5 @@
 """Steihaug–Toint truncated conjugate gradients for the trust-region subproblem
-(spec trustvi_hfsgvi_advi.md §4.5.1; Nocedal & Wright Alg. 7.2).
+(Steihaug 1983; Toint 1981; Nocedal & Wright 2006, Algorithm 7.2; docs/algorithms.md#steihaug).
 
 Minimize ``q(s) = cᵀs + ½ sᵀBs`` subject to ``‖s‖ ≤ δ`` where ``B`` is only available as an
 operator ``hvp(v) = Bv``. One operator application per CG iteration; the model value is tracked
@@ -22,7 +22,8 @@ HVP = Callable[[np.ndarray], np.ndarray]
 
 
 def boundary_tau(s: np.ndarray, p: np.ndarray, delta: float) -> float:
-    """The root ``τ ≥ 0`` of ``‖s + τp‖ = δ`` for ``‖s‖ ≤ δ`` (§4.5.1 step 2).
+    """The root ``τ ≥ 0`` of ``‖s + τp‖ = δ`` for ``‖s‖ ≤ δ`` (the boundary exit,
+    docs/algorithms.md#steihaug).
 
     Uses the cancellation-free form of the positive root of
     ``pᵀp τ² + 2 sᵀp τ + (sᵀs − δ²) = 0``.
@@ -38,7 +39,8 @@ def boundary_tau(s: np.ndarray, p: np.ndarray, delta: float) -> float:
 
 def solve_steihaug(hvp: HVP, c: np.ndarray, delta: float, *, tol: float = 1e-2,
                    max_iter: int | None = None) -> TRResult:
-    """Steihaug–Toint CG (§4.5.1). Returns a :class:`~stanvi.optim.dense_tr.TRResult`.
+    """Steihaug–Toint CG (docs/algorithms.md#steihaug). Returns a
+    :class:`~stanvi.optim.dense_tr.TRResult`.
 
     From ``s = 0``, ``r = c``, ``p = −r``, each iteration applies the operator once
     (``κ = pᵀBp``); on negative curvature or when the CG step would leave the region it moves
