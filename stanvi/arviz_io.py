@@ -1,4 +1,5 @@
-"""A :class:`~stanvi.fit.Fit` as an ArviZ 1.x DataTree (spec trustvi_hfsgvi_advi.md §8).
+"""A :class:`~stanvi.fit.Fit` as an ArviZ 1.x DataTree (stanvi's convention, since ArviZ has no
+VI group: docs/algorithms.md#output-format).
 
 Groups:
 
@@ -17,7 +18,7 @@ Groups:
 * ``log_likelihood`` / ``posterior_predictive`` (only when asked for): generated quantities moved
   out of ``posterior``, as ``arviz_base.from_cmdstanpy`` does.
 * ``vi_trace``: the optimization trace, one row per iteration (dim ``iteration``), with oracle
-  counts and wall time — kept out of ``sample_stats`` as §8 asks.
+  counts and wall time — kept out of ``sample_stats`` (docs/algorithms.md#output-format).
 * ``vi_approximation``: the final variational parameters (flat), and the mean and marginal sd of
   q in unconstrained space.
 
@@ -350,7 +351,7 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
 
 def log_g(fit) -> np.ndarray:
     """Stan's ``log_g__`` for each output draw: −½‖ε‖², i.e. log q without its constants
-    (``log q + H(q) − D/2``; spec §2.8)."""
+    (``log q + H(q) − D/2``; Stan's ``advi::run``, docs/algorithms.md#advi-output)."""
     d = int(fit.unconstrained_draws.shape[1])
     entropy = float(fit.family.entropy(np.asarray(fit.params)))
     return np.asarray(fit.log_q, dtype=float) + entropy - 0.5 * d

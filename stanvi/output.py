@@ -1,6 +1,6 @@
-"""Writing a fit to disk: a Stan CSV file as CmdStan's ``variational`` method writes it (spec
-trustvi_hfsgvi_advi.md §2.8, §8), the ArviZ DataTree as NetCDF (and Zarr when ``zarr`` is
-installed), and :func:`save`, which writes both plus the summary and diagnostics.
+"""Writing a fit to disk: a Stan CSV file as CmdStan's ``variational`` method writes it
+(docs/algorithms.md#advi-output and #output-format), the ArviZ DataTree as NetCDF (and Zarr
+when ``zarr`` is installed), and :func:`save`, which writes both plus the summary and diagnostics.
 
 Stan CSV layout:
 

@@ -96,7 +96,8 @@ def _log_ticks(axis, lim) -> None:
 
 def plot_elbo(fits, *, labels: Sequence[str] | None = None, x: str = "both", gap: bool = False,
               reference_elbo: float | None = None, path=None, title: str | None = None):
-    """ELBO against oracle calls (scaled units, spec §3) and/or wall time, log x axes.
+    """ELBO against oracle calls (scaled units, docs/algorithms.md#oracle-calls) and/or wall time,
+    log x axes.
 
     Args:
         fits: a Fit, a list of fits, or a dict ``{label: fit}``.
@@ -127,7 +128,7 @@ def plot_elbo(fits, *, labels: Sequence[str] | None = None, x: str = "both", gap
             ys = (best - elbo + 1e-3) if gap else elbo
             ax.plot(xs[keep], ys[keep], marker="o", markersize=2.5, linewidth=1.2, label=name)
         ax.set_xscale("log")
-        ax.set_xlabel("oracle calls (scaled, §3)" if panel == "oracle" else "wall time (s)")
+        ax.set_xlabel("oracle calls (scaled)" if panel == "oracle" else "wall time (s)")
         if gap:
             ax.set_yscale("log")
             ax.set_ylabel("ELBO gap to best (nats)")

@@ -26,7 +26,7 @@ class OracleCounter:
     A batch of B points adds B to the kind it evaluates.  A gradient call that also returns the
     log density counts once, as a gradient; an HVP call that also returns the gradient counts once,
     as an HVP.  Methods convert these draw counts into the TrustVI paper's oracle units
-    (spec trustvi_hfsgvi_advi.md §3).  Thread-safe.
+    (Regier, Jordan & McAuliffe 2017, §5; docs/algorithms.md#oracle-calls).  Thread-safe.
     """
 
     log_density: int = 0

@@ -1,7 +1,7 @@
 """StanTarget: a compiled Stan model with its data, as a batched Target (DESIGN.md, "Targets").
 
 Log densities are Stan's ``log_prob<propto=false, jacobian=true>`` on the unconstrained space
-(spec trustvi_hfsgvi_advi.md, "Conventions"), so ELBO values keep every constant.  Batches are one
+(docs/algorithms.md#elbo), so ELBO values keep every constant.  Batches are one
 multithreaded C++ call; single-point helpers (``*_at``) raise :class:`ModelEvaluationError` with
 the model's own message.
 """
