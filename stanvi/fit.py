@@ -298,6 +298,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     compile_before = estimator.compile_seconds
     counter = getattr(target, "counter", None)
     model_before = getattr(counter, "seconds", 0.0)
+    evaluations_before = counter.snapshot() if counter is not None else None
     try:
         result: MethodResult = module.run(target, fam, key=key, options=opts, context=context)
     finally:
@@ -305,6 +306,12 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     wall = time.perf_counter() - t1
     if getattr(counter, "seconds", 0.0) > model_before:  # StanTarget times its batched calls
         result.info["model_seconds"] = counter.seconds - model_before
+    if evaluations_before is not None and not isinstance(target, JaxTarget):
+        # the target counts every model evaluation (DESIGN.md); the method's ledger must agree
+        # (OracleLedger.model_evaluations; tests/test_oracle_accounting.py).  A JaxTarget's
+        # log density is traced into the method's JAX programs, so it counts direct calls only.
+        result.info["model_evaluations"] = {
+            kind: count - evaluations_before[kind] for kind, count in counter.snapshot().items()}
     fit_result = make_fit(target, fam, result, method=method, profile=profile or module.DEFAULT_PROFILE,
                     options=opts, seed=seed, key=key, n_draws=draws, wall_time=wall,
                     setup_time=setup_time, estimator=estimator)

@@ -74,7 +74,7 @@ def scripted_elbo(values):
     calls = []
     it = iter(values)
 
-    def fake(est, params, key, n):
+    def fake(est, params, key, n, ledger=None):
         calls.append(np.array(params))
         v = next(it)
         if v is None:

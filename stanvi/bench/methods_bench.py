@@ -105,18 +105,19 @@ def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> R
     elbos = np.array([_evaluate(est, tr.params_at(int(i)), eps_eval) for i in idx])
     col = lambda name: tr.column(name)[idx]  # noqa: E731
     draws = (col("gradient_draws") + col("hvp_draws") + col("log_density_draws")
-             + np.nan_to_num(col("screening_draws")))
+             + np.nan_to_num(col("screening_draws")) + np.nan_to_num(col("redrawn_draws")))
     final = -math.inf if fit.status == "failed" else _evaluate(est, fit.params, eps_final)
     o = fit.oracle
     return RunSummary(config=config, seed=fit.seed, status=fit.status, final_elbo=final,
                       iterations=len(tr) - 1, oracle=o["oracle_scaled"],
                       draw_evals=int(o["gradient_draws"] + o["hvp_draws"] + o["log_density_draws"]
-                                     + o.get("screening_draws", 0)),
+                                     + o.get("screening_draws", 0) + o.get("redrawn_draws", 0)),
                       wall=fit.wall_time - fit.compile_time, trace_iter=idx,
                       trace_oracle=col("oracle_scaled"), trace_draws=draws,
                       trace_wall=col("wall_time") - np.nan_to_num(col("compile_time")),
                       trace_elbo=elbos,
-                      grad_draws=int(o["gradient_draws"]), hvp_draws=int(o["hvp_draws"]),
+                      grad_draws=int(o["gradient_draws"] + o.get("redrawn_draws", 0)),
+                      hvp_draws=int(o["hvp_draws"]),
                       ld_draws=int(o["log_density_draws"] + o.get("screening_draws", 0)),
                       model_seconds=float(fit.info.get("model_seconds", np.nan)))
 

@@ -27,7 +27,12 @@ from stanvi.errors import VIError
 
 
 class GradientFailure(VIError):
-    """Too many draws of a stochastic gradient failed (the model threw or was non-finite)."""
+    """Too many draws of a stochastic gradient failed (the model threw or was non-finite);
+    ``evaluated``: the draws evaluated before giving up (for the caller's accounting)."""
+
+    def __init__(self, message: str, evaluated: int = 0) -> None:
+        super().__init__(message)
+        self.evaluated = int(evaluated)
 
 
 def bucket(n: int) -> int:
@@ -371,6 +376,7 @@ class GradientEstimate(NamedTuple):
     per_draw: np.ndarray | FullRankRows  # (n, P) valid per-draw gradients (factored: full rank)
     values: np.ndarray          # (n,) ℓ at the valid draws
     n_dropped: int              # draws that failed and were replaced
+    n_evaluated: int = 0        # draws evaluated in all (whole batches, redraws included)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -403,7 +409,7 @@ def _collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_dro
         dropped += consumed - min(len(good), need)
         if dropped >= max_drops:
             raise GradientFailure(f"{dropped} draws of {what} failed (the model threw or returned "
-                                  f"a non-finite value); limit {max_drops}")
+                                  f"a non-finite value); limit {max_drops}", attempt * n)
         take = good[:need]
         kept.append([eps[take], *(a[take] for a in arrays)])
         have += len(take)
@@ -440,15 +446,15 @@ def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
             rows = FullRankRows(est.family, params, g, eps, const)
             return np.isfinite(vals) & rows.finite_rows(), g, vals
 
-        (eps, g, values), dropped, _ = _collect_valid(evaluate, key, n, est.family.dim,
-                                                      max_drops, "the stochastic gradient")
+        (eps, g, values), dropped, evaluated = _collect_valid(
+            evaluate, key, n, est.family.dim, max_drops, "the stochastic gradient")
         rows = FullRankRows(est.family, params, g, eps, const)
-        return GradientEstimate(rows.mean(axis=0), rows, values, dropped)
+        return GradientEstimate(rows.mean(axis=0), rows, values, dropped, evaluated)
 
     def evaluate(eps):
         vals, grads = est.values_and_grads(params, eps)
         return np.isfinite(vals) & np.isfinite(grads).all(axis=1), grads, vals
 
-    (_, per_draw, values), dropped, _ = _collect_valid(evaluate, key, n, est.family.dim,
-                                                       max_drops, "the stochastic gradient")
-    return GradientEstimate(per_draw.mean(axis=0), per_draw, values, dropped)
+    (_, per_draw, values), dropped, evaluated = _collect_valid(
+        evaluate, key, n, est.family.dim, max_drops, "the stochastic gradient")
+    return GradientEstimate(per_draw.mean(axis=0), per_draw, values, dropped, evaluated)

@@ -150,7 +150,8 @@ class Options:
             as q is widened along its widest coordinates).  Stan's ADVI reports 'converged' on
             ``parameters { real x; } model { }`` (full-rank: the ELBO grows like log σ, so its
             relative change falls below ``tol_rel_obj``); here that run ends 'failed' with "the
-            posterior may be improper" and Stan's status kept in ``info['sgd_status']``.
+            posterior may be improper" and Stan's status kept in ``info['sgd_status']``.  The
+            widening probe runs only when the last three ELBO checks were increasing.
             False gives Stan's status.
     """
 
@@ -313,7 +314,8 @@ def _elbo_pieces(estimator: ElboEstimator):
     return per_estimator["elbo"]
 
 
-def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int) -> float:
+def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int,
+              ledger: OracleLedger | None = None) -> float:
     """Stan's ``calc_ELBO`` (§2.4; [S] ``advi::calc_ELBO``).
 
     Draws come in batches of the static size n (``fold_in(key, attempt)``) and are consumed in
@@ -321,7 +323,8 @@ def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int) -> float
     ``std::domain_error``, caught); the n-th drop raises :class:`ElboFailure`.  The result is
     Stan's arithmetic: ``elbo += log_prob`` over the kept draws in draw order, ``elbo /= n``,
     ``elbo += entropy()``.  So it can be −∞ without a failure (the sum of finite log densities
-    overflows), which ``adapt_eta`` then compares as −∞, not as −DBL_MAX.
+    overflows), which ``adapt_eta`` then compares as −∞, not as −DBL_MAX.  Draws evaluated beyond
+    the n the estimate uses (redraw batches) are charged to ``ledger`` as screening draws.
     """
     dim = estimator.family.dim
     pieces = _elbo_pieces(estimator)
@@ -342,10 +345,14 @@ def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int) -> float
             else:
                 dropped += 1
                 if dropped >= n:
+                    if ledger is not None:
+                        ledger.screening(attempt * n - n)
                     raise ElboFailure(f"stan::variational::advi::calc_ELBO: The number of "
                                       f"dropped evaluations has reached its maximum amount ({n})."
                                       f" Your model may be either severely ill-conditioned or "
                                       f"misspecified.")
+    if ledger is not None:
+        ledger.screening(attempt * n - n)
     return total / n + entropy
 
 
@@ -364,6 +371,7 @@ class ChunkResult(NamedTuple):
     fatal: bool              # a gradient failed with absorb=False; step n_done + 1 not taken
     fatal_kind: int = GRAD_OK    # why it failed (GRAD_DROP_LIMIT or GRAD_NAN)
     fatal_drops: int = 0         # draws the failed gradient dropped
+    evaluated: int = 0           # gradient draws evaluated by the chunk (redraws, the failed one)
 
 
 def _stan_gradient_pieces(family):
@@ -461,19 +469,19 @@ def _build_kernel(family, log_density, n: int, chunk: int):
 
         zero = jnp.zeros((), jnp.int32)
         init = (zero, zero, zero, jnp.zeros(n_params), jnp.zeros((), bool))
-        _, _, dropped, acc, failed = lax.while_loop(cond, body, init)
+        attempts, _, dropped, acc, failed = lax.while_loop(cond, body, init)
         g = finalize(params, acc, n)
         kind = jnp.where(failed, GRAD_DROP_LIMIT,
                          jnp.where(jnp.any(jnp.isnan(g)), GRAD_NAN, GRAD_OK)).astype(jnp.int32)
-        return g, kind, jnp.where(failed, limit, dropped).astype(jnp.int32)
+        return g, kind, jnp.where(failed, limit, dropped).astype(jnp.int32), attempts * n
 
     def advance(params, s, k0, n_steps, t0, eta, key, absorb):
         def cond(c):
-            return (c[0] < n_steps) & ~c[6]
+            return (c[0] < n_steps) & ~c[7]
 
         def body(c):
-            i, params, s, hist, gfail, drops, _ = c
-            g, kind, dropped = gradient(params, purpose_key(key, t0 + i + 1, "gradient"))
+            i, params, s, hist, gfail, drops, evaluated, _ = c
+            g, kind, dropped, n_eval = gradient(params, purpose_key(key, t0 + i + 1, "gradient"))
             failed = kind != GRAD_OK
             fatal = failed & ~absorb
             new_params, new_s, _ = stan_step(params, s, jnp.where(failed, 0.0, g), k0 + i + 1, eta)
@@ -481,12 +489,14 @@ def _build_kernel(family, log_density, n: int, chunk: int):
             s = jnp.where(fatal, s, new_s)
             hist = jnp.where(fatal, hist, hist.at[i].set(params))
             return (jnp.where(fatal, i, i + 1), params, s, hist,
-                    gfail.at[i].set(kind), drops.at[i].set(dropped), fatal)
+                    gfail.at[i].set(kind), drops.at[i].set(dropped),
+                    evaluated.at[i].set(n_eval), fatal)
 
         init = (jnp.zeros((), jnp.int32), params, s, jnp.zeros((chunk, n_params)),
-                jnp.zeros(chunk, jnp.int32), jnp.zeros(chunk, jnp.int32), jnp.zeros((), bool))
-        i, params, s, hist, gfail, drops, fatal = lax.while_loop(cond, body, init)
-        return params, s, hist, gfail, drops, i, fatal
+                jnp.zeros(chunk, jnp.int32), jnp.zeros(chunk, jnp.int32),
+                jnp.zeros(chunk, jnp.int32), jnp.zeros((), bool))
+        i, params, s, hist, gfail, drops, evaluated, fatal = lax.while_loop(cond, body, init)
+        return params, s, hist, gfail, drops, evaluated, i, fatal
 
     return jax.jit(advance)
 
@@ -516,13 +526,14 @@ def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: i
     out = _kernel(estimator, grad_samples)(
         jnp.asarray(params, dtype=jnp.float64), jnp.asarray(s, dtype=jnp.float64),
         np.int32(k0), np.int32(n_steps), np.int32(t0), np.float64(eta), key, np.bool_(absorb))
-    p, s, hist, gfail, drops, n_done, fatal = jax.device_get(out)
+    p, s, hist, gfail, drops, evaluated, n_done, fatal = jax.device_get(out)
     n_done, fatal = int(n_done), bool(fatal)
-    gfail, drops = np.asarray(gfail), np.asarray(drops)
+    gfail, drops, evaluated = np.asarray(gfail), np.asarray(drops), np.asarray(evaluated)
     return ChunkResult(np.asarray(p), np.asarray(s), np.asarray(hist)[:n_done], gfail[:n_done],
                        drops[:n_done], n_done, fatal,
                        int(gfail[n_done]) if fatal else GRAD_OK,
-                       int(drops[n_done]) if fatal else 0)
+                       int(drops[n_done]) if fatal else 0,
+                       int(evaluated[:n_done + int(fatal)].sum()))
 
 
 # --------------------------------------------------------------------------------- run
@@ -598,7 +609,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
 
     def elbo_at(params, t: int) -> float:
         ledger.elbo_estimate(opt.elbo_samples)
-        return calc_elbo(est, params, purpose_key(key, t, "elbo"), opt.elbo_samples)
+        return calc_elbo(est, params, purpose_key(key, t, "elbo"), opt.elbo_samples, ledger)
 
     def run_steps(params, s, k0, n, eta, absorb, fields):
         """Run n steps, record all but the last row; return (chunk, last row's fields)."""
@@ -609,6 +620,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         if chunk.fatal:   # the failed gradient (its drops are not in chunk.drops)
             info["grad_draws_dropped"] += chunk.fatal_drops
             info["grad_failures"] += 1
+        ledger.redrawn(chunk.evaluated - (chunk.n_done + int(chunk.fatal)) * opt.grad_samples)
         rows = []
         for i in range(chunk.n_done):
             ledger.gradient(opt.grad_samples)
@@ -691,6 +703,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
             return result("failed", f"{exc} (ELBO before the SGD loop)", params=params0)
         info["pre_loop_elbo"] = monitor.elbo
     params, s, k = params0, zeros, 0
+    sgd_elbos: list[float] = []
     warned = False
     status, message = None, ""
     while status is None:
@@ -711,6 +724,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         if k % opt.eval_elbo == 0:
             try:
                 check = monitor.update(elbo_at(params, state["t"] + n))
+                sgd_elbos.append(check.elbo)
             except ElboFailure as exc:
                 row["elbo_failed"] = True
                 finish_row(chunk, row)
@@ -748,14 +762,18 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         if status is None and context.over_budget(ledger.scaled):
             status, message = "budget", f"oracle budget spent after {k} SGD iterations"
     if opt.improper_check and status in ("converged", "max_iters"):
-        improper = divergence(family, state["params"]) or improper_direction(
+        # the probe (5,376 log densities) runs only where the ELBO was still climbing at its
+        # last three checks, as it does without end on an improper posterior
+        climbing = len(sgd_elbos) >= 3 and sgd_elbos[-3] < sgd_elbos[-2] < sgd_elbos[-1]
+        improper = divergence(family, state["params"]) or (climbing and improper_direction(
             target, family, state["params"],
-            standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim))
+            standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger))
+        improper = improper or None
         if improper is not None:
             info["sgd_status"] = status
             return result("failed", f"{improper} (Stan's ADVI would report '{status}')")
     if opt.output_check and status in ("converged", "max_iters"):
-        failure = output_failure(target, family, state["params"], key, opt.output_samples)
+        failure = output_failure(target, family, state["params"], key, opt.output_samples, ledger)
         if failure is not None:
             index, why = failure
             info["output_failed_draw"] = index
@@ -767,7 +785,8 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     return result(status, message)
 
 
-def output_failure(target, family, params, key: jax.Array, n: int) -> tuple[int, str] | None:
+def output_failure(target, family, params, key: jax.Array, n: int,
+                   ledger: OracleLedger | None = None) -> tuple[int, str] | None:
     """The first of Stan's n output draws at which the model fails, as (index, message), or None.
 
     [S] ``advi::run``, after ``stochastic_gradient_ascent``: for each of ``n_posterior_samples``
@@ -776,12 +795,14 @@ def output_failure(target, family, params, key: jax.Array, n: int) -> tuple[int,
     draw at which the model throws ends ADVI (the service catches it and returns
     ``error_codes::SOFTWARE``).  The draws are the fit's own output draws
     (``purpose_key(key, 0, 'output')``, as ``stanvi.fit`` draws them), evaluated in one batched
-    call; a failed row (thrown or non-finite, the Target convention) counts as a throw.  Not
-    charged to the oracle ledger (output, as in §3).
+    call; a failed row (thrown or non-finite, the Target convention) counts as a throw.  Not an
+    oracle call (output, as in §3): charged to ``ledger`` as screening draws.
     """
     eps = standard_normal(purpose_key(key, 0, "output"), n, family.dim)
     z = np.asarray(family.sample(jnp.asarray(params, dtype=jnp.float64), eps))
     res = target.log_density(z)
+    if ledger is not None:
+        ledger.screening(n)
     ok = np.isfinite(res.log_density) if res.ok is None else np.asarray(res.ok, dtype=bool)
     bad = np.flatnonzero(~ok)
     if len(bad) == 0:

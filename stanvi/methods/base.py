@@ -61,6 +61,7 @@ class OracleLedger:
     hvp_draws: int = 0
     log_density_draws: int = 0
     screening_draws: int = 0
+    redrawn_draws: int = 0
 
     def gradient(self, n_draws: int) -> None:
         self.scaled += n_draws / GRADIENT_BATCH
@@ -83,6 +84,21 @@ class OracleLedger:
         paper's accounting, which charges nothing for redrawn draws, §3; counted as draws)."""
         self.screening_draws += n_draws
 
+    def redrawn(self, n_draws: int) -> None:
+        """Gradient draws evaluated beyond the ones a gradient uses: failed draws and the rest of
+        the batch drawn to replace them (Stan's drop-and-redraw).  Not an oracle call in the
+        paper's accounting (§3 charges nothing for redrawn draws); counted as draws."""
+        self.redrawn_draws += int(n_draws)
+
+    def model_evaluations(self) -> dict[str, int]:
+        """The draw-level model evaluations charged so far, by the kind of model call the target
+        counts (:class:`~stanvi.targets.base.OracleCounter`): log densities (priced and
+        screening), gradients (used and redrawn), HVPs.  Every evaluation a method makes is
+        charged to its ledger, so over a run this equals the target counter's growth
+        (``Fit.info['model_evaluations']``; ``tests/test_oracle_accounting.py``)."""
+        return {"log_density": self.log_density_draws + self.screening_draws,
+                "gradient": self.gradient_draws + self.redrawn_draws, "hvp": self.hvp_draws}
+
     def elbo_estimate(self, n_draws: int) -> None:
         """An ELBO estimate that is part of the algorithm (ADVI's checks): priced like an
         ELBO-change estimate of the same size (§3)."""
@@ -94,7 +110,7 @@ class OracleLedger:
         return {"oracle_scaled": self.scaled, "oracle_literal": self.literal,
                 "gradient_draws": self.gradient_draws, "hvp_draws": self.hvp_draws,
                 "log_density_draws": self.log_density_draws,
-                "screening_draws": self.screening_draws}
+                "screening_draws": self.screening_draws, "redrawn_draws": self.redrawn_draws}
 
 
 @dataclass

@@ -46,7 +46,8 @@ PROBE_COORDINATES = 3
 PROBE_MIN_RISE = 0.5   # nats per step; a flat direction rises by log(100) = 4.6
 
 
-def improper_direction(target, family, params: np.ndarray, eps: np.ndarray) -> str | None:
+def improper_direction(target, family, params: np.ndarray, eps: np.ndarray,
+                       ledger=None) -> str | None:
     """A message when q's ELBO keeps rising as q is widened along one coordinate, else None.
 
     Why this decides propriety: widening q along unconstrained coordinate i by a factor c (the
@@ -62,7 +63,7 @@ def improper_direction(target, family, params: np.ndarray, eps: np.ndarray) -> s
     improper direction is where a VI method's q has grown widest), on ``eps`` and its antithetic
     twin ``−eps`` (so a log p linear in z, as a positive parameter's Jacobian with no prior gives,
     averages out exactly), common to all widenings: 3 × 7 × 2·``len(eps)`` log densities in one
-    batched call.  A q up to 10⁹ times narrower than a proper posterior still sees its ELBO fall
+    batched call, charged to ``ledger`` (when given) as screening draws.  A q up to 10⁹ times narrower than a proper posterior still sees its ELBO fall
     within the widenings; a widening at which the model fails or log p is not finite counts as a
     fall, so a failure here errs towards Stan's status, never towards a false alarm.
     """
@@ -85,6 +86,8 @@ def improper_direction(target, family, params: np.ndarray, eps: np.ndarray) -> s
             w[:, i] = mean[i] + c * (z[:, i] - mean[i])
             batch.append(w)
     res = target.log_density(np.concatenate(batch))
+    if ledger is not None:
+        ledger.screening(sum(len(b) for b in batch))
     lp = np.where(np.asarray(res.ok, dtype=bool), np.asarray(res.log_density, dtype=float),
                   -np.inf).reshape(len(coords), len(factors), len(eps))
     with np.errstate(invalid="ignore"):
@@ -100,14 +103,17 @@ def improper_direction(target, family, params: np.ndarray, eps: np.ndarray) -> s
     return None
 
 
-def support_failures(target, family, params: np.ndarray, eps: np.ndarray) -> tuple[float, str]:
+def support_failures(target, family, params: np.ndarray, eps: np.ndarray,
+                     ledger=None) -> tuple[float, str]:
     """The fraction of the draws z = g(λ, ε) at which the model fails (throws, or log p is not
     finite), and the model's first message ('' when none fails or no target can say).  One
-    batched log-density call."""
+    batched log-density call, charged to ``ledger`` (when given) as screening draws."""
     if target is None:
         return 0.0, ""
     z = np.asarray(family.sample(np.asarray(params, dtype=float), eps))
     res = target.log_density(z)
+    if ledger is not None:
+        ledger.screening(len(z))
     ok = np.asarray(res.ok, dtype=bool) & np.isfinite(res.log_density)
     fraction = float(1.0 - ok.mean())
     message = ""

@@ -122,9 +122,11 @@ def _run(family, *, key: jax.Array, options: Options, context: RunContext) -> Me
             ge = gradient_with_redraws(est, params, purpose_key(key, t, "gradient"), o.n_grad,
                                        o.max_gradient_drops_factor * o.n_grad)
         except GradientFailure as exc:
+            ledger.redrawn(exc.evaluated)
             status, message = "failed", f"overflow: the gradient failed at iteration {t}: {exc}"
             break
         ledger.gradient(o.n_grad)
+        ledger.redrawn(ge.n_evaluated - o.n_grad)
         eps_h = standard_normal(purpose_key(key, t, "hessian"), o.n_hess, dim)
 
         def neg_hvp(v, _eps=eps_h, _params=params):

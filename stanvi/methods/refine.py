@@ -94,6 +94,7 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
     try:
         eps, screened = valid_draws(est, params, key, n_draws, max_drops)
     except GradientFailure as exc:
+        ledger.screening(exc.evaluated)
         return RefineResult(params, False, False, 0, float("inf"), 0.0,
                             f"the refinement sample could not be drawn: {exc}")
     ledger.screening(screened)

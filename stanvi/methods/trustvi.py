@@ -284,9 +284,11 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
             ge = gradient_with_redraws(est, params, purpose_key(key, k, "gradient"), n_g,
                                        o.max_gradient_drops_factor * n_g)
         except GradientFailure as exc:
+            ledger.redrawn(exc.evaluated)
             status, message = "failed", f"failed_gradient at iteration {k}: {exc}"
             break
         ledger.gradient(n_g)
+        ledger.redrawn(ge.n_evaluated - n_g)
         g = ge.gradient
         jk = jackknife_snr(ge.per_draw)
         r_used = r
@@ -304,6 +306,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                     hess_eps, screened = valid_draws(est, params, hess_key, o.n_hess * r,
                                                      o.max_gradient_drops_factor * o.n_hess * r)
                 except GradientFailure as exc:
+                    ledger.screening(exc.evaluated)
                     status, message = "failed", f"failed_hessian at iteration {k}: {exc}"
                     break
                 ledger.screening(screened)
@@ -457,13 +460,13 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         params, status, message = _refine_after_stop(est, family, params, o, key, ledger, trace,
                                                      k, delta, message, info, context)
     status, message = _honest_outcome(target, family, params, key, status, message, counts,
-                                      info)
+                                      info, ledger)
     return MethodResult(params=params, trace=trace, ledger=ledger, status=status, message=message,
                         info=info)
 
 
 def _honest_outcome(target, family, params, key, status: str, message: str, counts: dict,
-                    info: dict) -> tuple[str, str]:
+                    info: dict, ledger: OracleLedger) -> tuple[str, str]:
     """``failed`` with the reason when q ran away (an improper posterior) or when a run that
     did not converge — or never accepted a step — ended with the model failing on ≥ 1% of q's
     draws (1,024 draws, one batched call; the fraction goes to ``info``)."""
@@ -476,7 +479,7 @@ def _honest_outcome(target, family, params, key, status: str, message: str, coun
     if status in ("converged", "budget") and not never_moved:
         return status, message
     eps = standard_normal(purpose_key(key, 0, "elbo"), 1024, family.dim)
-    fraction, model_message = support_failures(target, family, params, eps)
+    fraction, model_message = support_failures(target, family, params, eps, ledger)
     info["failing_fraction"] = fraction
     if fraction >= 0.01:
         return "failed", (support_failure_message(fraction, model_message,
