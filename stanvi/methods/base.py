@@ -124,6 +124,12 @@ class Trace:
     iteration ADVI run keeps about 1,100 copies, not 10,000 (a full-rank D = 100 iterate is
     40 kB).  ``params[i]`` is None for a row whose iterate was not kept.
 
+    The kept copies are also capped in bytes (``keep_bytes``, default 256 MB; issue 17 item 6:
+    a full-rank D = 2,000 iterate is 16 MB, and 1,100 of them were 17.6 GB): when the kept
+    iterates would exceed it, only rows at multiples of a stride are kept, the stride doubling
+    (and the kept rows thinned to it) each time the cap is reached.  Row 0 and the latest
+    iterate are always available.  Below the cap nothing changes.
+
     ``compile_clock`` (the estimator's cumulative JAX compile seconds) adds a ``compile_time``
     column, the compilation part of ``wall_time`` since the start, so that benchmarks can report
     run time apart from one-off compilation of new batch shapes.
@@ -134,7 +140,10 @@ class Trace:
     start: float = field(default_factory=time.perf_counter)
     keep_all: int = 1000
     keep_growth: float = 0.02
+    keep_bytes: int = 256 * 2**20
     _next_keep: int = 0
+    _stride: int = 1
+    _n_kept: int = 0
     _last: np.ndarray | None = None
     compile_clock: Callable[[], float] | None = None
     _compile0: float = 0.0
@@ -149,12 +158,25 @@ class Trace:
             row["compile_time"] = self.compile_clock() - self._compile0
         n = len(self.rows)
         self.rows.append(row)
-        if n < self.keep_all or n >= self._next_keep:
+        if (n < self.keep_all or n >= self._next_keep) and n % self._stride == 0:
             self.params.append(np.array(params, dtype=float, copy=True))
+            self._n_kept += 1
             self._next_keep = max(n + 1, int(np.ceil(n * (1.0 + self.keep_growth))))
+            self._thin(self.params[-1].nbytes)
         else:
             self.params.append(None)
         self._last = np.array(params, dtype=float, copy=True)  # the latest iterate, always
+
+    def _thin(self, nbytes: int) -> None:
+        """Keep the copies within ``keep_bytes`` (class docstring): double the stride and drop
+        the kept iterates off it until they fit (row 0 and at least one more stay)."""
+        cap = max(2, self.keep_bytes // max(nbytes, 1))
+        while self._n_kept > cap:
+            self._stride *= 2
+            for i, p in enumerate(self.params):
+                if p is not None and i % self._stride:
+                    self.params[i] = None
+                    self._n_kept -= 1
 
     def kept_rows(self) -> np.ndarray:
         """Indices of the rows whose iterate was kept (the last row included)."""

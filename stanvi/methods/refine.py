@@ -21,7 +21,8 @@ N-draw objective.
 
 Hessian-vector products use the first ``n_hess`` of the N draws (an inexact Newton method with
 an exact gradient still converges to the SAA optimum, Byrd, Chin, Neveitt & Nocedal 2011,
-"subsampled Hessian Newton"), and all N after two rejected steps in a row; the trust region is measured in q's Fisher metric (see
+"subsampled Hessian Newton"), and all N after two rejected steps in a row (for the full-rank
+family at least 2(D + 1) of them, :func:`hessian_draws`); the trust region is measured in q's Fisher metric (see
 :meth:`stanvi.families.gaussian.MeanField.metric_scale`).
 
 The fixed draws are moment-matched (mean 0, covariance I exactly; :func:`_moment_matched`).
@@ -74,6 +75,19 @@ def _moment_matched(est, params: np.ndarray, eps: np.ndarray, ledger: OracleLedg
     return matched if np.all(np.isfinite(values)) else eps
 
 
+def hessian_draws(family, n_hess: int) -> int:
+    """The draws the refinement's Hessian-vector products use: ``n_hess``, and for the full-rank
+    family at least 2(D + 1).  With m draws the sampled Hessian of a row of L is
+    (1/m) Σ ε_[:a] ε_[:a]ᵀ-weighted, of rank ≤ m, so for m ≤ D it is singular: the Newton solve
+    can never converge, and each refinement iteration spent a Krylov memory's worth of products
+    before falling back to all N draws (full rank, D = 500: 266 products, 70 s an iteration;
+    issue 17 item 6).  Mean-field (one curvature per coordinate from every draw) keeps
+    ``n_hess``."""
+    if getattr(family, "name", "") == "fullrank":
+        return max(int(n_hess), 2 * (family.dim + 1))
+    return int(n_hess)
+
+
 def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLedger,
            n_draws: int = 4096, n_hess: int = 256, tol: float = 1e-3, max_iters: int = 30,
            delta0: float = 1.0, max_drops: int | None = None, metric: str = "fisher",
@@ -99,7 +113,7 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
                             f"the refinement sample could not be drawn: {exc}")
     ledger.screening(screened)
     eps = _moment_matched(est, params, eps, ledger)
-    eps_h = eps[: min(n_hess, n_draws)]
+    eps_h = eps[: min(hessian_draws(family, n_hess), n_draws)]
     delta = float(delta0)
     rejections = 0
     gain = 0.0

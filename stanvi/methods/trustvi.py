@@ -63,7 +63,7 @@ from stanvi.methods.checks import divergence, support_failure_message, support_f
 from stanvi.methods.refine import refine
 from stanvi.methods.warm_start import laplace_start
 from stanvi.optim.dense_tr import TRResult, solve_dense_tr
-from stanvi.optim.gltr import solve_gltr, solve_subspace_reuse
+from stanvi.optim.gltr import solve_gltr, solve_subspace_reuse, truncated
 from stanvi.optim.jackknife import jackknife_snr, update_replication
 from stanvi.optim.sample_size import (n_ineq11, n_ineq13, reference_code_update,
                                       retrospective_update, tau_constants)
@@ -214,7 +214,8 @@ def _certified_gain(hvp, c: np.ndarray, tol: float,
     nat however long the run, while the cross term of two independent halves is unbiased for
     ½∇ᵀB⁻¹∇ (it can be negative; it then counts as small)."""
     sol = solve_gltr(hvp, c, 1e300, tol_interior=tol, tol_boundary=tol, max_krylov=len(c))
-    if sol.status == "non_finite" or sol.on_boundary or not np.isfinite(sol.q_value):
+    if (sol.status == "non_finite" or sol.on_boundary or not np.isfinite(sol.q_value)
+            or truncated(sol, len(c))):  # a solve cut short by the Krylov memory bound
         return float("inf"), sol.n_hvp
     if c_other is None:
         return -float(sol.q_value), sol.n_hvp

@@ -28,13 +28,19 @@ import numpy as np
 from stanvi.optim.dense_tr import (TRResult, _non_finite_result, _zero_step_result,
                                    solve_dense_tr, validated_problem)
 
-__all__ = ["solve_gltr", "solve_subspace_reuse"]
+__all__ = ["krylov_limit", "solve_gltr", "solve_subspace_reuse", "truncated"]
 
 HVP = Callable[[np.ndarray], np.ndarray]
 
 #: Lanczos breakdown: ``β_{j+1} ≤ BREAKDOWN_TOL · max(|T_j|)`` means the Krylov space is
 #: (numerically) invariant under B.
 BREAKDOWN_TOL = 1e-12
+#: Memory for the Lanczos basis: at most ``max(MIN_KRYLOV, KRYLOV_BYTES // (8 n))`` basis
+#: vectors are stored (:func:`krylov_limit`).  For n ≤ 5,792 (mean-field up to D = 2,896,
+#: full rank up to D = 106) the limit is ≥ n and changes nothing; at a full-rank D = 2,000 (n = 2,003,000, 16 MB a vector) it keeps 16 vectors, where
+#: an unlimited solve kept hundreds (issue 17 item 6).
+KRYLOV_BYTES = 256 * 2**20
+MIN_KRYLOV = 8
 #: Subspace reuse skips the new direction when the new gradient's component outside span(Q)
 #: is below this fraction of ``‖c‖`` (docs/algorithms.md#hessian-reuse).
 REUSE_SKIP_TOL = 1e-8
@@ -58,6 +64,19 @@ def _orthogonalize(basis: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.nda
     return w, coef + corr
 
 
+def krylov_limit(n: int) -> int:
+    """The most Lanczos vectors :func:`solve_gltr` stores for a problem of size ``n``
+    (``KRYLOV_BYTES`` of float64, at least ``MIN_KRYLOV``)."""
+    return max(MIN_KRYLOV, KRYLOV_BYTES // (8 * max(int(n), 1)))
+
+
+def truncated(result: TRResult, n: int) -> bool:
+    """True when a :func:`solve_gltr` result stopped at its iteration limit before spanning the
+    whole space (status ``"max_iter"`` with fewer than ``n`` operator applications): its step is
+    a valid trust-region step, but its model value is not the minimum over the space."""
+    return result.status == "max_iter" and result.n_hvp < n
+
+
 def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1e-2,
                tol_boundary: float = 1e-1, max_krylov: int | None = None,
                max_lanczos_after_boundary: int = 100) -> TRResult:
@@ -73,7 +92,8 @@ def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1
       invariant and the reduced solution is the exact minimizer over it. In the hard case
       (``c`` orthogonal to the bottom eigenspace of B) this is the reduced-space global
       minimizer, as in trlib without ``ctl_invariant``;
-    * ``j = max_krylov`` (default ``n``), or ``max_lanczos_after_boundary`` iterations after
+    * ``j = max_krylov`` (default ``n``; never more than :func:`krylov_limit` (n), a memory
+      bound that only large problems reach, see :func:`truncated`), or ``max_lanczos_after_boundary`` iterations after
       the reduced solution first reached the boundary (``"max_iter"``).
 
     The first iterate is the Cauchy point and the Krylov spaces are nested, so
@@ -86,7 +106,7 @@ def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1
         return _zero_step_result(n)
     if max_krylov is None:
         max_krylov = n
-    max_krylov = max(1, min(int(max_krylov), n))
+    max_krylov = max(1, min(int(max_krylov), n, krylov_limit(n)))
 
     cap = min(max_krylov, 16)
     rows = np.empty((cap, n))  # basis vectors as rows (contiguous prefix slices)
