@@ -12,6 +12,8 @@
                                          posteriordb posteriors (stanvi.bench.public_stopping)
     stanvi bench coldstart               first fit in a new process: fresh processes per
                                          method x family (stanvi.bench.coldstart)
+    stanvi bench fullrank                full-rank fits at D = 500, 1000, 2000: peak memory,
+                                         time, accuracy (stanvi.bench.fullrank_bench)
 
 Errors print one readable line (plus stanc's or Stan's own message) and exit with status 1
 (status 2 for a bad command line); ``--debug`` (or ``STANVI_DEBUG=1``) shows the traceback.
@@ -211,6 +213,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                       jax_cache=not args.no_jax_cache,
                       output=Path(args.output) if args.output else None)
         return 0
+    if args.what == "fullrank":
+        from stanvi.bench import fullrank_bench  # noqa: PLC0415
+
+        dims = (tuple(int(d) for d in args.dims.split(",")) if args.dims
+                else fullrank_bench.DEFAULT_DIMS)
+        methods = (tuple(args.methods.split(",")) if args.methods
+                   else fullrank_bench.DEFAULT_METHODS)
+        fullrank_bench.run(dims, methods, max_memory_gb=args.max_memory,
+                           timeout=args.timeout, output=Path(args.output) if args.output else None)
+        return 0
     raise SystemExit(f"unknown benchmark {args.what}")
 
 
@@ -294,12 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
-                                    "coldstart"],
+                                    "coldstart", "fullrank"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
                         "public-stopping: the same on posteriordb posteriors; "
-                        "coldstart: import + first fit in fresh processes")
+                        "coldstart: import + first fit in fresh processes; "
+                        "fullrank: peak memory, time and accuracy of full-rank fits as D grows")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
@@ -313,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "method:family list (default: trustvi and advi x meanfield and fullrank)")
     p.add_argument("--output", default=None,
                    help="methods: write the figures as JSON here (rewritten after every model); "
-                        "coldstart: write the runs as JSON here")
+                        "coldstart, fullrank: write the runs as JSON here")
     p.add_argument("--resume", action="store_true",
                    help="methods: skip the models already in --output")
     p.add_argument("--reps", type=int, default=3,
@@ -333,6 +346,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optima-dir", default=None,
                    help="public-stopping: where the computed optima are cached as JSON "
                         "(default: <stanvi cache>/optima)")
+    p.add_argument("--dims", default=None,
+                   help="fullrank: comma-separated dimensions (default 500,1000,2000)")
+    p.add_argument("--methods", default=None,
+                   help="fullrank: comma-separated methods (default trustvi,advi)")
+    p.add_argument("--max-memory", type=float, default=8.0,
+                   help="fullrank: kill a fit whose resident memory exceeds this many GB "
+                        "(default 8)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="fullrank: kill a fit after this many seconds (default 1800)")
     p.add_argument("--budget", type=float, default=None,
                    help="methods: oracle budget per run in the paper's scaled units "
                         "(max_oracle_calls; default none)")
