@@ -268,7 +268,7 @@ def test_newton_gain_of_solutions():
     """The stopping rule's gain: m' for an interior solve; ½ bᵀT⁻¹b (b = Qᵀc) from the Krylov
     basis for a boundary solve, equal to the exact ½cᵀB⁻¹c once the space is the whole space;
     inf when the model is not concave on the subspace."""
-    from stanvi.methods.trustvi import _newton_gain
+    from stanvi.optim.trust_region import newton_gain as _newton_gain
     from stanvi.optim.gltr import solve_gltr
     rng = np.random.default_rng(4)
     A = rng.normal(size=(6, 6))

@@ -19,7 +19,7 @@ from stanvi.estimators import ElboEstimator
 from stanvi.families import FullRank, MeanField
 from stanvi.methods.base import OracleLedger
 from stanvi.methods.refine import refine
-from stanvi.methods.trustvi import _certified_gain
+from stanvi.optim.gltr import certified_newton_gain as _certified_gain
 from stanvi.methods.warm_start import laplace_start
 from stanvi.targets.jax_target import JaxTarget
 

@@ -90,15 +90,13 @@ from jax import lax
 from stanvi.errors import VIError
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.families import FullRank, MeanField
-from stanvi.methods.checks import PROBE_DRAWS, divergence, improper_direction
 from stanvi.methods.base import (MethodResult, OracleLedger, Trace, compile_clock,
-                                   purpose_key)
+                                 purpose_key)
+from stanvi.methods.checks import PROBE_DRAWS, divergence, improper_direction
+from stanvi.optim.step_size import stan_step
 
 # Hard-coded in [S] advi.hpp / the families.
 ETA_GRID: tuple[float, ...] = (100.0, 10.0, 1.0, 0.1, 0.01)   # adapt_eta's eta_sequence
-TAU = 1.0                # step-size constants of §2.5
-PRE_FACTOR = 0.9
-POST_FACTOR = 0.1
 GRAD_RETRIES = 10        # calc_grad's n_retries: the 10·grad_samples-th drop raises
 DBL_MAX = sys.float_info.max
 
@@ -203,23 +201,6 @@ DEFAULT_PROFILE = "stan"
 
 
 # --------------------------------------------------------------------------------- pure pieces
-def stan_step(params, s, g, k, eta):
-    """One step of Stan's adaptive step-size sequence (§2.5), elementwise over all parameters.
-
-    ``s_1 = s + g²`` (s is zero at k = 1: Stan's ``history += g²``),
-    ``s_k = 0.9 s + 0.1 g²`` for k ≥ 2, ``ρ_k = η k^{-1/2} / (1 + √s_k)`` and
-    ``λ ← λ + (η k^{-1/2} · g) / (1 + √s_k)`` (Stan's order of operations).
-
-    Returns (new params, new s, ρ_k).  Pure JAX; works on numpy inputs.
-    """
-    params, s, g = jnp.asarray(params), jnp.asarray(s), jnp.asarray(g)
-    g2 = g * g
-    s_new = jnp.where(k == 1, s + g2, PRE_FACTOR * s + POST_FACTOR * g2)
-    eta_scaled = eta / jnp.sqrt(jnp.asarray(k, dtype=jnp.float64))
-    denom = TAU + jnp.sqrt(s_new)
-    return params + (eta_scaled * g) / denom, s_new, eta_scaled / denom
-
-
 def select_eta(elbo_init: float, run_trial: Callable[[float], float],
                etas: Sequence[float] = ETA_GRID) -> float:
     """Stan's ``adapt_eta`` decision rule (§2.6 step 4; [S] ``advi::adapt_eta``), line for line.
@@ -567,15 +548,6 @@ def _steps_within_budget(context, scaled: float, per_step: float, n: int) -> int
     return n
 
 
-def initial_mean(options: Options, context) -> tuple[np.ndarray, str]:
-    """μ₀: the caller's init if given, else Stan's random init or zeros (``options.init``)."""
-    if context.init_mu is not None:
-        return np.asarray(context.init_mu, dtype=float), "user"
-    if options.init == "random":
-        return np.asarray(context.random_init_mu, dtype=float), "random"
-    return np.zeros(len(context.random_init_mu)), "zero"
-
-
 def run(target, family, *, key: jax.Array, options: Options, context) -> MethodResult:
     """Stan's ADVI on ``target`` with variational ``family`` (MeanField or FullRank('stan')).
 
@@ -592,7 +564,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     if getattr(target, "dim", family.dim) != family.dim:
         raise ValueError(f"family dimension {family.dim} != target dimension {target.dim}")
     opt = options
-    mu0, init_kind = initial_mean(opt, context)
+    mu0, init_kind = context.initial_mean(opt.init)
     params0 = np.asarray(family.initial_params(mu0, opt.init_log_scale), dtype=float)
     zeros = np.zeros_like(params0)
     per_grad = opt.grad_samples / 256.0  # for budget look-ahead; the ledger charges the same

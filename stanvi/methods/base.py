@@ -234,5 +234,17 @@ class RunContext:
     estimator: ElboEstimator
     progress: IterationProgress
 
+    def initial_mean(self, rule: str) -> tuple[np.ndarray, str]:
+        """μ₀ and where it came from: the caller's ``init`` ('user') when given, else the
+        method's ``init`` option: 'random' (Stan's uniform(−2, 2) point, ``random_init_mu``) or
+        'zero' (μ₀ = 0, as the TrustVI authors' code starts every method)."""
+        if self.init_mu is not None:
+            return np.asarray(self.init_mu, dtype=float), "user"
+        if rule == "random":
+            return np.asarray(self.random_init_mu, dtype=float), "random"
+        if rule == "zero":
+            return np.zeros(len(self.random_init_mu)), "zero"
+        raise ValueError(f"init must be 'random' or 'zero', got {rule!r}")
+
     def over_budget(self, oracle_scaled: float) -> bool:
         return self.max_oracle_calls is not None and oracle_scaled >= self.max_oracle_calls

@@ -26,9 +26,10 @@ import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
-from stanvi.methods.checks import divergence
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, Trace, compile_clock,
                                  purpose_key)
+from stanvi.methods.checks import divergence
+from stanvi.optim.cg import truncated_cg
 
 
 @dataclass(frozen=True)
@@ -64,35 +65,6 @@ PROFILES: dict[str, dict] = {
 DEFAULT_PROFILE = "paper"
 
 
-def truncated_cg(hvp, c: np.ndarray, *, tol: float, maxiter: int) -> tuple[np.ndarray, int, str]:
-    """Solve B p = c by CG from p = 0 (Nocedal & Wright Alg. 7.1).  Returns (p, HVPs used,
-    status): 'converged', 'max_iter', 'negative_curvature' (p so far, or c at the first
-    iteration) or 'non_finite'."""
-    p = np.zeros_like(c)
-    r = c.copy()
-    d = r.copy()
-    rr = float(r @ r)
-    c_norm = np.sqrt(rr)
-    if c_norm == 0.0:
-        return p, 0, "converged"
-    for i in range(maxiter):
-        bd = hvp(d)
-        if not np.all(np.isfinite(bd)):
-            return p, i + 1, "non_finite"
-        curvature = float(d @ bd)
-        if curvature <= 0.0:
-            return (c.copy() if i == 0 else p), i + 1, "negative_curvature"
-        alpha = rr / curvature
-        p = p + alpha * d
-        r = r - alpha * bd
-        rr_new = float(r @ r)
-        if np.sqrt(rr_new) <= tol * c_norm:
-            return p, i + 1, "converged"
-        d = r + (rr_new / rr) * d
-        rr = rr_new
-    return p, maxiter, "max_iter"
-
-
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
     """Hessian-free Newton on the stochastic ELBO (spec §5.3)."""
     # Overflow is this method's expected failure mode and is detected and reported explicitly
@@ -107,9 +79,7 @@ def _run(family, *, key: jax.Array, options: Options, context: RunContext) -> Me
     o = options
     est = context.estimator
     dim = family.dim
-    mu0 = context.init_mu
-    if mu0 is None:
-        mu0 = np.zeros(dim) if o.init == "zero" else context.random_init_mu
+    mu0, _ = context.initial_mean(o.init)
     params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
     maxiter = o.cg_maxiter or family.n_params
     ledger = OracleLedger()

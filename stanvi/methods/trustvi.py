@@ -40,7 +40,7 @@ Stopping rule (§4.8: the paper defines none beyond δ < δ_min and the iteratio
 is set (default profile), when the quadratic model's *Newton step* predicts less than
 ``tol_model`` nats of gain on ``tol_model_iters`` consecutive iterations — m' for an interior
 solve, the Newton gain over the solver's Krylov subspace for a boundary solve
-(:func:`_newton_gain`), never the radius-limited gain, so a radius that collapsed after
+(:func:`~stanvi.optim.trust_region.newton_gain`), never the radius-limited gain, so a radius that collapsed after
 rejections cannot fake convergence; or, when ``stall_stop`` is on, when the sample size the
 theory asks for, N*, exceeds N_max on ``stall_iters`` consecutive assessed iterations (the
 gradient is indistinguishable from Monte Carlo noise at the largest affordable sample, §4.6);
@@ -62,12 +62,12 @@ from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, Trace, 
 from stanvi.methods.checks import divergence, support_failure_message, support_failures
 from stanvi.methods.refine import refine
 from stanvi.methods.warm_start import laplace_start
-from stanvi.optim.dense_tr import TRResult, solve_dense_tr
-from stanvi.optim.gltr import solve_gltr, solve_subspace_reuse, truncated
+from stanvi.optim.gltr import certified_newton_gain, solve_gltr, solve_subspace_reuse
 from stanvi.optim.jackknife import jackknife_snr, update_replication
 from stanvi.optim.sample_size import (n_ineq11, n_ineq13, reference_code_update,
                                       retrospective_update, tau_constants)
 from stanvi.optim.steihaug import solve_steihaug
+from stanvi.optim.trust_region import newton_gain, scaled_problem, solve_dense_operator
 
 
 @dataclass(frozen=True)
@@ -172,75 +172,8 @@ def _solve(options: Options, hvp, c: np.ndarray, delta: float):
     if options.solver == "steihaug":
         return solve_steihaug(hvp, c, delta, tol=options.tol_interior)
     if options.solver == "dense":
-        return _solve_dense(hvp, c, delta)
+        return solve_dense_operator(hvp, c, delta)
     raise ValueError(f"unknown solver {options.solver!r}; use 'gltr', 'steihaug' or 'dense'")
-
-
-def _solve_dense(hvp, c: np.ndarray, delta: float):
-    """Form B column by column (P operator applications) and solve exactly (§4.5.3); for
-    small problems and tests.  Returns a GLTR-like result without a reusable basis."""
-    p = len(c)
-    cols = [hvp(e) for e in np.eye(p)]
-    B = np.column_stack(cols)
-    if not np.all(np.isfinite(B)):
-        return TRResult(np.zeros(p), float("nan"), p, False, False, None, None, "non_finite")
-    B = 0.5 * (B + B.T)
-    r = solve_dense_tr(B, c, delta)
-    return TRResult(r.h, float(r.q_value), p, not r.interior, r.hard_case, None, None,
-                    "boundary" if not r.interior else "converged")
-
-
-def _scaled_problem(neg_hvp, c: np.ndarray, scale: np.ndarray | None):
-    """The subproblem in the variables t = scale ⊙ s, so that the Euclidean ball ‖t‖ ≤ δ is the
-    ellipsoid ‖scale ⊙ s‖ ≤ δ (a scaled trust region, Conn, Gould & Toint 2000, §6.7): gradient
-    c/scale, operator v ↦ B(v/scale)/scale.  The model values are the same in both variables."""
-    if scale is None:
-        return neg_hvp, c
-    return (lambda v: neg_hvp(v / scale) / scale), c / scale
-
-
-def _certified_gain(hvp, c: np.ndarray, tol: float,
-                    c_other: np.ndarray | None = None) -> tuple[float, int]:
-    """The Newton gain ½cᵀB⁻¹c of the current model, solved to relative residual ``tol`` over
-    the whole space (at most ``len(c)`` Lanczos steps), and the operator applications spent;
-    ``inf`` when the model is not concave.  A truncated solve can underestimate the gain by
-    orders of magnitude on an ill-conditioned model (the residual is small while the step along
-    low-curvature directions is not), which is how a stop on the model's prediction used to fire
-    tens of nats short of the optimum.
-
-    With ``c_other`` (the gradient of an independent half of the draws, ``c`` that of the other
-    half), the cross term ½c_otherᵀB⁻¹c instead: E[½ḡᵀB⁻¹ḡ] = ½∇ᵀB⁻¹∇ + tr(B⁻¹Σ)/(2n) carries
-    the noise of the gradient, which near the optimum of an ill-conditioned model stays near a
-    nat however long the run, while the cross term of two independent halves is unbiased for
-    ½∇ᵀB⁻¹∇ (it can be negative; it then counts as small)."""
-    sol = solve_gltr(hvp, c, 1e300, tol_interior=tol, tol_boundary=tol, max_krylov=len(c))
-    if (sol.status == "non_finite" or sol.on_boundary or not np.isfinite(sol.q_value)
-            or truncated(sol, len(c))):  # a solve cut short by the Krylov memory bound
-        return float("inf"), sol.n_hvp
-    if c_other is None:
-        return -float(sol.q_value), sol.n_hvp
-    # sol.s = −B⁻¹c, so ½ c_otherᵀB⁻¹c = −½ c_otherᵀ s
-    return -0.5 * float(c_other @ sol.s), sol.n_hvp
-
-
-def _newton_gain(sol: TRResult, c: np.ndarray, m_prime: float) -> float:
-    """The gain ``½ bᵀT⁻¹b`` (``b = Qᵀc``) the quadratic model predicts for its unconstrained
-    minimizer over the solver's Krylov subspace: ``m'`` itself for an interior solution, ``inf``
-    when the model is not concave there or no basis is available (Steihaug, dense)."""
-    if sol.status == "non_finite" or not np.isfinite(m_prime):
-        return float("inf")
-    if not sol.on_boundary:
-        return m_prime
-    if sol.Q is None or sol.T is None or sol.T.size == 0:
-        return float("inf")
-    b = sol.Q.T @ c
-    try:
-        chol = np.linalg.cholesky(0.5 * (sol.T + sol.T.T))
-    except np.linalg.LinAlgError:
-        return float("inf")
-    y = np.linalg.solve(chol, b)
-    gain = 0.5 * float(y @ y)
-    return gain if np.isfinite(gain) else float("inf")
 
 
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
@@ -249,9 +182,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     est = context.estimator
     dim = family.dim
     tau1, tau2 = tau_constants(alpha=o.alpha, gamma=o.gamma, lam=o.lam)
-    mu0 = context.init_mu
-    if mu0 is None:
-        mu0 = np.zeros(dim) if o.init == "zero" else context.random_init_mu
+    mu0, _ = context.initial_mean(o.init)
     params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
     ledger = OracleLedger()
     start_info: dict = {}
@@ -325,7 +256,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         # the trust region ‖scale ⊙ s‖ ≤ δ: solved in t = scale ⊙ s (scale = 1: the paper's ball;
         # the same after a rejection, since λ has not moved, so reused subspaces stay valid)
         scale = family.metric_scale(params) if o.metric == "fisher" else None
-        op, c = _scaled_problem(neg_hvp, -g, scale)
+        op, c = scaled_problem(neg_hvp, -g, scale)
         if not fresh and o.reuse_mode == "subspace" and last_solution is not None \
                 and last_solution.Q is not None:
             sol = solve_subspace_reuse(op, c, delta, last_solution.Q, last_solution.T)
@@ -337,18 +268,18 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         step_norm = float(np.linalg.norm(s))
         if scale is not None:
             s = s / scale
-        newton_gain = _newton_gain(sol, c, m_prime)
+        predicted_gain = newton_gain(sol, c, m_prime)
         certified = False
         n_cert = 0
-        if (o.tol_model is not None and o.certify_tol is not None and newton_gain < o.tol_model
+        if (o.tol_model is not None and o.certify_tol is not None and predicted_gain < o.tol_model
                 and sol.status != "non_finite"):
             if o.gain_estimate == "split" and ge.per_draw.shape[0] >= 4:
                 half = ge.per_draw.shape[0] // 2
-                _, c_a = _scaled_problem(neg_hvp, -ge.per_draw[:half].mean(axis=0), scale)
-                _, c_b = _scaled_problem(neg_hvp, -ge.per_draw[half:].mean(axis=0), scale)
-                newton_gain, n_cert = _certified_gain(op, c_a, o.certify_tol, c_b)
+                _, c_a = scaled_problem(neg_hvp, -ge.per_draw[:half].mean(axis=0), scale)
+                _, c_b = scaled_problem(neg_hvp, -ge.per_draw[half:].mean(axis=0), scale)
+                predicted_gain, n_cert = certified_newton_gain(op, c_a, o.certify_tol, c_b)
             else:
-                newton_gain, n_cert = _certified_gain(op, c, o.certify_tol)
+                predicted_gain, n_cert = certified_newton_gain(op, c, o.certify_tol)
             ledger.hvp(n_h, n_cert)
             certified = True
 
@@ -420,7 +351,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                      n_hvp=sol.n_hvp, n_hess=n_h, hessian_fresh=fresh, accepted=accepted, failure=failure,
                      grad_norm=float(np.linalg.norm(g)), theta_hat=float(jk.theta_hat),
                      jackknife_sd=float(jk.sd), elbo=elbo_here, solver_status=sol.status,
-                     warmup=warming_up, newton_gain=newton_gain, certified=certified,
+                     warmup=warming_up, newton_gain=predicted_gain, certified=certified,
                      n_hvp_certify=n_cert)
         context.progress.update(k, elbo=elbo_here, oracle=ledger.scaled, delta=delta)
 
@@ -431,7 +362,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         if status == "failed":
             break
         small_model_count = small_model_count + 1 if (
-            o.tol_model is not None and newton_gain < o.tol_model) else 0
+            o.tol_model is not None and predicted_gain < o.tol_model) else 0
         if o.tol_model is not None and small_model_count >= o.tol_model_iters:
             status, message = ("converged", f"the quadratic model predicted less than "
                                f"{o.tol_model} nats of ELBO gain for its Newton step on "

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["DenseTRResult", "TRResult", "solve_dense_tr", "tr_model_value"]
+__all__ = ["DenseTRResult", "solve_dense_tr", "tr_model_value"]
 
 #: Relative size (w.r.t. ``‖b‖``) below which the components of b̃ along the bottom
 #: eigenspace count as zero (the "hard case", docs/algorithms.md#dense-tr).
@@ -162,55 +162,3 @@ def solve_dense_tr(T: np.ndarray, b: np.ndarray, delta: float) -> DenseTRResult:
     t = _solve_secular(bt, d, delta, t_lo)
     ht = -bt / (d + t)
     return _finish(V, bt, lam, ht, delta, t - lam1, hard_case=False, interior=False)
-
-
-# --------------------------------------------------------------------------------------------
-# Result type shared by the operator-based solvers (Steihaug, GLTR, subspace reuse;
-# docs/algorithms.md#trust-region-subproblem)
-# --------------------------------------------------------------------------------------------
-
-class TRResult(NamedTuple):
-    """Approximate solution of ``min q(s) = cᵀs + ½ sᵀBs`` s.t. ``‖s‖ ≤ δ``
-    (docs/algorithms.md#trust-region-subproblem).
-
-    ``s``: the step; ``q_value``: ``q(s)`` (≤ 0; the TrustVI model improvement is
-    ``m' = −q_value``), exact from quantities already computed (no extra HVP); ``n_hvp``: number
-    of operator applications ``v ↦ Bv`` spent; ``on_boundary``: the step lies on the trust-region
-    boundary; ``hard_case``: the (reduced) dense solve hit the hard case
-    (docs/algorithms.md#gltr); ``Q`` (n×j) and ``T`` (j×j, ``= QᵀBQ``): the orthonormal Krylov
-    basis and projected matrix, kept for subspace reuse (docs/algorithms.md#hessian-reuse),
-    ``None`` for Steihaug; ``status``: ``"converged"`` (interior, residual test met),
-    ``"boundary"`` (converged/terminated on the boundary), ``"max_iter"``, ``"breakdown"``
-    (invariant Krylov subspace) or ``"non_finite"`` (an operator result was not finite:
-    ``s = 0``, ``q_value = nan``; the caller must reject the step, docs/algorithms.md#non-finite).
-    """
-
-    s: np.ndarray
-    q_value: float
-    n_hvp: int
-    on_boundary: bool
-    hard_case: bool
-    Q: np.ndarray | None
-    T: np.ndarray | None
-    status: str
-
-
-def validated_problem(c, delta) -> tuple[np.ndarray, float, int, float]:
-    """(c as float array, δ, n, ‖c‖) for an operator trust-region solve; δ must be positive."""
-    c = np.asarray(c, dtype=float)
-    delta = float(delta)
-    if not delta > 0:
-        raise ValueError(f"delta must be positive, got {delta}")
-    return c, delta, c.shape[0], float(np.linalg.norm(c))
-
-
-def _zero_step_result(n: int, Q: np.ndarray | None = None,
-                      T: np.ndarray | None = None) -> TRResult:
-    """Result for ``c = 0``: ``s = 0``, ``q = 0``, no operator applications."""
-    return TRResult(np.zeros(n), 0.0, 0, False, False, Q, T, "converged")
-
-
-def _non_finite_result(n: int, n_hvp: int) -> TRResult:
-    """Result after a non-finite operator application: reject the step
-    (docs/algorithms.md#non-finite)."""
-    return TRResult(np.zeros(n), float("nan"), n_hvp, False, False, None, None, "non_finite")

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stanvi.optim.dense_tr import (TRResult, _non_finite_result, _zero_step_result,
-                                   validated_problem)
+from stanvi.optim.trust_region import (TRResult, non_finite_result, validated_problem,
+                                       zero_step_result)
 
 __all__ = ["boundary_tau", "solve_steihaug"]
 
@@ -40,7 +40,7 @@ def boundary_tau(s: np.ndarray, p: np.ndarray, delta: float) -> float:
 def solve_steihaug(hvp: HVP, c: np.ndarray, delta: float, *, tol: float = 1e-2,
                    max_iter: int | None = None) -> TRResult:
     """Steihaug–Toint CG (docs/algorithms.md#steihaug). Returns a
-    :class:`~stanvi.optim.dense_tr.TRResult`.
+    :class:`~stanvi.optim.trust_region.TRResult`.
 
     From ``s = 0``, ``r = c``, ``p = −r``, each iteration applies the operator once
     (``κ = pᵀBp``); on negative curvature or when the CG step would leave the region it moves
@@ -54,7 +54,7 @@ def solve_steihaug(hvp: HVP, c: np.ndarray, delta: float, *, tol: float = 1e-2,
     """
     c, delta, n, c_norm = validated_problem(c, delta)
     if c_norm == 0.0:
-        return _zero_step_result(n)
+        return zero_step_result(n)
     if max_iter is None:
         max_iter = max(n, 1)
 
@@ -68,7 +68,7 @@ def solve_steihaug(hvp: HVP, c: np.ndarray, delta: float, *, tol: float = 1e-2,
         Bp = np.asarray(hvp(p), dtype=float)
         n_hvp += 1
         if Bp.shape != p.shape or not np.all(np.isfinite(Bp)):
-            return _non_finite_result(n, n_hvp)
+            return non_finite_result(n, n_hvp)
         kappa = float(p @ Bp)
         alpha = rr / kappa if kappa > 0 else np.inf
         s_next = s + alpha * p if kappa > 0 else None
