@@ -101,6 +101,14 @@ GRAD_RETRIES = 10        # calc_grad's n_retries: the 10·grad_samples-th drop r
 DBL_MAX = sys.float_info.max
 
 _CHUNK = 100                     # gradient steps per compiled call (static buffer length)
+_HISTORY_BYTES = 128 * 2**20     # ... at most this much iterate history per call (issue 17)
+
+
+def _chunk_for(family) -> int:
+    """Steps per compiled call: ``_CHUNK``, fewer when the (steps, P) iterate history would
+    exceed ``_HISTORY_BYTES`` (full rank, D = 2,000: 8 steps, not 100 × 16 MB).  Chunk
+    boundaries do not change results (tests/test_advi.py)."""
+    return max(1, min(_CHUNK, _HISTORY_BYTES // (8 * family.n_params)))
 _PRELOOP_ITERATION = 2**32 - 1   # key index of [R]'s pre-loop ELBO (owned by no trace row)
 
 
@@ -488,10 +496,11 @@ _KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _kernel(estimator: ElboEstimator, grad_samples: int):
     """The compiled chunk for (estimator, grad_samples), cached weakly on the estimator."""
     per_estimator = _KERNELS.setdefault(estimator, {})
-    if (grad_samples, _CHUNK) not in per_estimator:
-        per_estimator[grad_samples, _CHUNK] = _build_kernel(
-            estimator.family, estimator.log_density, grad_samples, _CHUNK)
-    return per_estimator[grad_samples, _CHUNK]
+    size = _chunk_for(estimator.family)
+    if (grad_samples, size) not in per_estimator:
+        per_estimator[grad_samples, size] = _build_kernel(
+            estimator.family, estimator.log_density, grad_samples, size)
+    return per_estimator[grad_samples, size]
 
 
 def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: int, eta: float,
@@ -502,8 +511,8 @@ def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: i
     ``absorb=True`` (adaptation): a failed gradient is a zero gradient.  ``absorb=False`` (SGD):
     stop at the first failed gradient (``fatal``) with the iterate before it.
     """
-    if not 1 <= n_steps <= _CHUNK:
-        raise ValueError(f"n_steps must be in [1, {_CHUNK}], got {n_steps}")
+    if not 1 <= n_steps <= _chunk_for(estimator.family):
+        raise ValueError(f"n_steps must be in [1, {_chunk_for(estimator.family)}], got {n_steps}")
     out = _kernel(estimator, grad_samples)(
         jnp.asarray(params, dtype=jnp.float64), jnp.asarray(s, dtype=jnp.float64),
         np.int32(k0), np.int32(n_steps), np.int32(t0), np.float64(eta), key, np.bool_(absorb))
@@ -628,7 +637,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         def run_trial(eta: float) -> float:
             params, s, k = params0, zeros, 0
             while k < opt.adapt_iter:
-                n = min(_CHUNK, opt.adapt_iter - k)
+                n = min(_chunk_for(family), opt.adapt_iter - k)
                 n = _steps_within_budget(context, ledger.scaled, per_grad, n)
                 chunk, row = run_steps(params, s, k, n, eta, True, {"phase": "adapt", "eta": eta})
                 params, s, k = chunk.params, chunk.s, k + n
@@ -680,7 +689,7 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     status, message = None, ""
     while status is None:
         next_check = (k // opt.eval_elbo + 1) * opt.eval_elbo
-        n = min(_CHUNK, next_check - k, opt.max_iterations - k)
+        n = min(_chunk_for(family), next_check - k, opt.max_iterations - k)
         n = _steps_within_budget(context, ledger.scaled, per_grad, n)
         chunk, row = run_steps(params, s, k, n, eta, False, {"phase": "sgd", "eta": eta})
         if chunk.fatal:
