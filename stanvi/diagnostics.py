@@ -483,14 +483,36 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
                        failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out)
 
 
+def _cholesky(family, params) -> np.ndarray:
+    """``family.cholesky(params)`` as one jitted program per (family, shape), not the dozen eager
+    JAX operations (each its own program to trace, lower and load in a new process, ~0.2–0.3 s
+    of a first full-rank fit, issue 8 part 3) that calling it on an array runs; the same
+    values (gathers and selects are exact, and XLA's exp is the same in both)."""
+    import jax  # noqa: PLC0415
+
+    try:
+        hash(family)
+    except TypeError:  # not a frozen family: call it as it is
+        return np.asarray(family.cholesky(params), dtype=float)
+    global _CHOLESKY_JIT  # noqa: PLW0603
+    if _CHOLESKY_JIT is None:
+        _CHOLESKY_JIT = jax.jit(lambda fam, p: fam.cholesky(p), static_argnums=0)
+    return np.asarray(_CHOLESKY_JIT(family, params), dtype=float)
+
+
+_CHOLESKY_JIT = None
+
+
 def _affine_map(family, params):
     """(m, A, log|det A|) when the family's draws are z = m + A ε (the Gaussian families:
-    mean-field A = diag(exp ω), returned as the vector exp ω; full-rank A = L); None otherwise."""
+    mean-field A = diag(exp ω), returned as the vector exp ω; full-rank A = L); None otherwise.
+    Mean-field splits the parameters in NumPy (no JAX operation to compile)."""
     if hasattr(family, "split") and getattr(family, "name", "") == "meanfield":
-        mu, omega = (np.asarray(x, dtype=float) for x in family.split(params))
+        mu, omega = (np.asarray(x, dtype=float)
+                     for x in family.split(np.asarray(params, dtype=float)))
         return mu, np.exp(omega), float(np.sum(omega))  # A = diag(exp ω), kept as a vector
     if hasattr(family, "cholesky") and getattr(family, "name", "") == "fullrank":
-        lower = np.asarray(family.cholesky(params), dtype=float)
+        lower = _cholesky(family, params)
         mu = np.asarray(params, dtype=float)[: family.dim]
         return mu, lower, float(np.sum(np.log(np.abs(np.diag(lower)))))
     return None
@@ -509,8 +531,7 @@ def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None =
     n = diagnostic_draw_count(dim, len(fit.log_p)) if n_draws is None else int(n_draws)
     rng = np.random.default_rng([int(fit.seed if seed is None else seed), 0x5D1A6])
     eps = rng.standard_normal((n, dim))
-    params = jnp.asarray(fit.params)
-    affine = _affine_map(family, params)
+    affine = _affine_map(family, np.asarray(fit.params, dtype=float))
     if affine is not None:
         # z = m + A ε with a fixed (m, A): log q(z) = log φ(ε) − log|det A| exactly, computed in
         # NumPy; no JAX function of a new (S, D) shape to compile on the first fit.
@@ -518,6 +539,7 @@ def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None =
         z = m + (eps * a if a.ndim == 1 else eps @ a.T)
         log_q = -0.5 * np.einsum("ij,ij->i", eps, eps) - log_det - 0.5 * dim * math.log(2 * math.pi)
     else:
+        params = jnp.asarray(fit.params)
         z = np.asarray(family.sample(params, jnp.asarray(eps)), dtype=float)
         log_q = np.asarray(family.log_q(params, jnp.asarray(z)), dtype=float)
     res = target.log_density(np.asarray(z, dtype=float))

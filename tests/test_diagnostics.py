@@ -401,3 +401,30 @@ def test_funnel_stays_unreliable_with_the_larger_diagnostic_sample(seed):
                          method="trustvi", seed=seed, progress=False)
     d = fit.diagnostics()
     assert d.n_draws >= 4000 and d.khat > d.threshold and d.verdict == "unreliable", str(d)
+
+
+@pytest.mark.parametrize("diagonal", ["stan", "log"])
+def test_jitted_cholesky_equals_the_familys_eager_one(diagonal):
+    # diagnostics builds L with one jitted program (issue 8 part 3: fewer programs to trace in a
+    # new process); the values must be the family's own, bit for bit (XLA's exp, not NumPy's)
+    from stanvi.families import make_family  # noqa: PLC0415
+
+    rng = np.random.default_rng(5)
+    for dim in (1, 3, 10):
+        family = make_family("fullrank", dim, diagonal=diagonal)
+        for _ in range(5):
+            params = rng.standard_normal(family.n_params) * 2
+            np.testing.assert_array_equal(dg._cholesky(family, params),
+                                          np.asarray(family.cholesky(jnp.asarray(params))))
+
+
+def test_meanfield_affine_map_in_numpy_equals_the_jax_split():
+    from stanvi.families import make_family  # noqa: PLC0415
+
+    family = make_family("meanfield", 7)
+    params = np.random.default_rng(6).standard_normal(14)
+    m, a, log_det = dg._affine_map(family, params)
+    mu, omega = (np.asarray(x) for x in family.split(jnp.asarray(params)))
+    np.testing.assert_array_equal(m, mu)
+    np.testing.assert_array_equal(a, np.exp(omega))
+    assert log_det == float(np.sum(omega))
