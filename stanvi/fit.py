@@ -263,8 +263,8 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         seed: integer seed (default 0); the same seed gives the same result.
         init: None (the method's rule), 'zero', 'random' (Stan's uniform(−2, 2)), a dict of
             constrained parameter values, or an unconstrained array (D,).
-        max_oracle_calls: budget in scaled oracle units (spec §3); the fit stops with status
-            'budget' when it is spent.
+        max_oracle_calls: budget in scaled oracle units (docs/algorithms.md#oracle-calls); the
+            fit stops with status 'budget' when it is spent.
         progress: show progress on a terminal.
         draws: number of output draws from the approximation.
         profile: the method's named option set (e.g. 'paper'); see ``docs/methods.md``.

@@ -1,5 +1,5 @@
 """HFSGVI: Hessian-free stochastic Gaussian variational inference (Fan et al., NIPS 2015), as the
-TrustVI paper's comparator (spec trustvi_hfsgvi_advi.md §5.3).
+TrustVI paper's comparator (Regier, Jordan & McAuliffe 2017, §5.2; docs/algorithms.md#hfsgvi).
 
 Each iteration draws a fresh gradient g_t (256 draws) and a fresh Hessian sample (85 draws, fixed
 for the solve), solves the Newton system (−H_t) p = g_t by truncated conjugate gradients
@@ -13,7 +13,7 @@ gradient exhausts its redraws, or CG produces non-finite values, the run stops w
 'failed', message starting with "overflow", and the last finite iterate and the trace kept.
 
 Options off by default, for ablations: Levenberg–Marquardt damping (B + μ_d I) and a cap on the
-step norm.  The spec gives HFSGVI no convergence test; stanvi adds an optional one
+step norm.  The TrustVI paper gives HFSGVI no convergence test; stanvi adds an optional one
 (``tol_rel_change``: stop when ‖p‖ ≤ tol·(1 + ‖λ‖) on 3 consecutive iterations), off in the
 ``paper`` profile.
 """
@@ -34,7 +34,8 @@ from stanvi.optim.cg import truncated_cg
 
 @dataclass(frozen=True)
 class Options:
-    """HFSGVI options (spec §5.3; [P] TrustVI paper, [C] stanvi's choice)."""
+    """HFSGVI options (docs/algorithms.md#hfsgvi; tags as in #provenance: [P] TrustVI paper,
+    [C] stanvi's choice)."""
 
     n_grad: int = 256                 # gradient draws [P, inferred]
     n_hess: int = 85                  # Hessian draws [P, inferred]
@@ -46,7 +47,7 @@ class Options:
     tol_rel_change: float | None = None  # optional convergence test (off in 'paper') [C]
     init: str = "zero"                # initial mean: 'zero' [R] | 'random'
     log_scale0: float = -1.0          # initial ω [R]
-    fullrank_diagonal: str = "log"    # full-rank parameterization (§1.2) [C]
+    fullrank_diagonal: str = "log"    # full-rank parameterization (docs/algorithms.md#fullrank) [C]
     max_gradient_drops_factor: int = 10  # as Stan [S]
 
     def __post_init__(self) -> None:
@@ -66,7 +67,7 @@ DEFAULT_PROFILE = "paper"
 
 
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
-    """Hessian-free Newton on the stochastic ELBO (spec §5.3)."""
+    """Hessian-free Newton on the stochastic ELBO (docs/algorithms.md#hfsgvi)."""
     # Overflow is this method's expected failure mode and is detected and reported explicitly
     # (status 'failed', message 'overflow ...'); numpy's floating-point warnings on the way there
     # (e.g. ‖r‖² overflowing in CG) must not leak out, since under ``-W error`` or
