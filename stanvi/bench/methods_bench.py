@@ -35,6 +35,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from stanvi.estimators.elbo import mean_of_valid
+
 DEFAULT_CONFIGS = (("trustvi", "default"), ("trustvi", "paper"), ("advi", "paper"),
                    ("advi", "stan"), ("hfsgvi", "paper"))
 
@@ -93,8 +95,7 @@ def _evaluate(est, params, eps, screen: int = 200) -> float:
         return -math.inf
     vals = np.concatenate([head, np.asarray(est.values(params, eps[screen:]))]) \
         if len(eps) > screen else head
-    ok = np.isfinite(vals)
-    return float(np.mean(vals[ok])) if ok.sum() * 2 > len(vals) else -math.inf
+    return mean_of_valid(vals, len(vals) // 2 + 1)   # more than half finite
 
 
 def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> RunSummary:

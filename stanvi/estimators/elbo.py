@@ -35,6 +35,19 @@ class GradientFailure(VIError):
         self.evaluated = int(evaluated)
 
 
+def elbo_term(family, log_density: Callable[[jax.Array], jax.Array]) -> Callable:
+    """ℓ(λ; ε) = log p(g(λ, ε)) + H(q_λ) for one base draw ε (D,): the reparameterized ELBO
+    integrand (Kingma & Welling 2014; Kucukelbir et al. 2017, Eq. 8), whose mean over draws is
+    the ELBO estimate and whose gradient is the per-draw ELBO gradient.  The one definition every
+    estimator differentiates."""
+
+    def ell(params, eps_row):
+        z = family.sample(params, eps_row[None, :])[0]
+        return log_density(z) + family.entropy(params)
+
+    return ell
+
+
 def bucket(n: int) -> int:
     """The batch size a draw count ``n`` is evaluated at when bucketed: the smallest power of two
     ≥ n, so a few programs (1, 2, 4, …, compiled once and kept in JAX's persistent cache,
@@ -137,10 +150,7 @@ class ElboEstimator:
         so neither compiles per iteration, and their numbers stay exactly as they were."""
         self.family = family
         self.log_density = log_density
-
-        def ell(params, eps_row):
-            z = family.sample(params, eps_row[None, :])[0]
-            return log_density(z) + family.entropy(params)
+        ell = elbo_term(family, log_density)
 
         def mean_ell(params, eps):
             return jnp.mean(jax.vmap(ell, in_axes=(None, 0))(params, eps))
@@ -389,10 +399,11 @@ def standard_normal(key: jax.Array, n: int, dim: int) -> np.ndarray:
     return np.asarray(_standard_normal(key, int(n), int(dim)))
 
 
-def _collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_drops: int,
+def collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_drops: int,
                    what: str) -> tuple[list[np.ndarray], int, int]:
-    """Draw batches of n base draws until n valid ones are collected (Stan's drop-and-redraw,
-    §2.3).  ``evaluate(eps)`` returns (ok mask, *per-draw arrays); returns, for each array of
+    """Draw batches of n base draws until n valid ones are collected: Stan's drop-and-redraw rule
+    (``calc_grad``, ``calc_ELBO``; docs/algorithms.md#advi), the one home of that rule in Python
+    (its JAX form, for compiled loops, is :func:`stanvi.estimators.stan_gradient.stan_calc_grad`).  ``evaluate(eps)`` returns (ok mask, *per-draw arrays); returns, for each array of
     evaluate plus eps itself, the valid rows concatenated, then the drop count and the number of
     draws evaluated.  Batches keep the static size n, so nothing recompiles.  Raises
     GradientFailure when ``max_drops`` draws have failed."""
@@ -417,13 +428,25 @@ def _collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_dro
     return columns, dropped, attempt * n
 
 
+def mean_of_valid(values: np.ndarray, min_valid: int) -> float:
+    """An ELBO estimate on fixed draws: the mean of the finite per-draw values ℓ(λ; ε_j), the
+    failing draws dropped as Stan's calc_ELBO drops them, or −inf when fewer than ``min_valid``
+    of them are finite (no redraws: the draws are fixed, e.g. common random numbers for comparing
+    two q's).  Used by the Laplace warm start's comparison and by the benchmarks' evaluation."""
+    values = np.asarray(values, dtype=float)
+    finite = np.isfinite(values)
+    if int(finite.sum()) < min_valid:
+        return -np.inf
+    return float(values[finite].mean())
+
+
 def valid_draws(est: ElboEstimator, params, key: jax.Array, n: int,
                 max_drops: int) -> tuple[np.ndarray, int]:
     """n base draws ε at which ℓ(λ; ε) is finite, replacing failed ones as
     :func:`gradient_with_redraws` does (a Hessian sample must be usable at every draw, since one
     failed draw makes every Hessian-vector product of the sample non-finite).  Returns the draws
     and the number of log densities evaluated.  Raises GradientFailure at ``max_drops``."""
-    (eps,), _, evaluated = _collect_valid(
+    (eps,), _, evaluated = collect_valid(
         lambda e: (np.isfinite(est.values(params, e)),), key, n, est.family.dim, max_drops,
         "a Hessian sample")
     return eps, evaluated
@@ -446,7 +469,7 @@ def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
             rows = FullRankRows(est.family, params, g, eps, const)
             return np.isfinite(vals) & rows.finite_rows(), g, vals
 
-        (eps, g, values), dropped, evaluated = _collect_valid(
+        (eps, g, values), dropped, evaluated = collect_valid(
             evaluate, key, n, est.family.dim, max_drops, "the stochastic gradient")
         rows = FullRankRows(est.family, params, g, eps, const)
         return GradientEstimate(rows.mean(axis=0), rows, values, dropped, evaluated)
@@ -455,6 +478,6 @@ def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
         vals, grads = est.values_and_grads(params, eps)
         return np.isfinite(vals) & np.isfinite(grads).all(axis=1), grads, vals
 
-    (_, per_draw, values), dropped, evaluated = _collect_valid(
+    (_, per_draw, values), dropped, evaluated = collect_valid(
         evaluate, key, n, est.family.dim, max_drops, "the stochastic gradient")
     return GradientEstimate(per_draw.mean(axis=0), per_draw, values, dropped, evaluated)

@@ -88,8 +88,10 @@ import numpy as np
 from jax import lax
 
 from stanvi.errors import VIError
-from stanvi.estimators.elbo import ElboEstimator, standard_normal
-from stanvi.families import FullRank, MeanField
+from stanvi.estimators.elbo import ElboEstimator, GradientFailure, collect_valid, standard_normal
+from stanvi.estimators.stan_gradient import (GRAD_DROP_LIMIT, GRAD_NAN, GRAD_OK,  # noqa: F401
+                                             GRAD_RETRIES, stan_calc_grad)
+from stanvi.families import FullRank
 from stanvi.methods.base import (MethodResult, OracleLedger, Trace, compile_clock,
                                  purpose_key)
 from stanvi.methods.checks import PROBE_DRAWS, divergence, improper_direction
@@ -97,7 +99,6 @@ from stanvi.optim.step_size import stan_step
 
 # Hard-coded in [S] advi.hpp / the families.
 ETA_GRID: tuple[float, ...] = (100.0, 10.0, 1.0, 0.1, 0.01)   # adapt_eta's eta_sequence
-GRAD_RETRIES = 10        # calc_grad's n_retries: the 10·grad_samples-th drop raises
 DBL_MAX = sys.float_info.max
 
 _CHUNK = 100                     # gradient steps per compiled call (static buffer length)
@@ -315,38 +316,35 @@ def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int,
     overflows), which ``adapt_eta`` then compares as −∞, not as −DBL_MAX.  Draws evaluated beyond
     the n the estimate uses (redraw batches) are charged to ``ledger`` as screening draws.
     """
-    dim = estimator.family.dim
     pieces = _elbo_pieces(estimator)
-    total = 0.0
-    entropy = None
-    have = dropped = attempt = 0
-    while have < n:
-        eps = standard_normal(jax.random.fold_in(key, attempt), n, dim)
-        attempt += 1
-        log_p, h = jax.device_get(pieces(jnp.asarray(params, dtype=jnp.float64), eps))
+    params = jnp.asarray(params, dtype=jnp.float64)
+    entropy = 0.0
+
+    def evaluate(eps):
+        nonlocal entropy
+        log_p, h = jax.device_get(pieces(params, eps))
         entropy = float(h)
-        for value in np.asarray(log_p, dtype=float).tolist():
-            if math.isfinite(value):
-                total += value
-                have += 1
-                if have == n:
-                    break
-            else:
-                dropped += 1
-                if dropped >= n:
-                    if ledger is not None:
-                        ledger.screening(attempt * n - n)
-                    raise ElboFailure(f"stan::variational::advi::calc_ELBO: The number of "
-                                      f"dropped evaluations has reached its maximum amount ({n})."
-                                      f" Your model may be either severely ill-conditioned or "
-                                      f"misspecified.")
+        log_p = np.asarray(log_p, dtype=float)
+        return np.isfinite(log_p), log_p
+
+    try:
+        (_, kept), _, evaluated = collect_valid(evaluate, key, n, estimator.family.dim, n,
+                                                "the ELBO")
+    except GradientFailure as exc:
+        if ledger is not None:
+            ledger.screening(exc.evaluated - n)
+        raise ElboFailure(f"stan::variational::advi::calc_ELBO: The number of dropped evaluations "
+                          f"has reached its maximum amount ({n}). Your model may be either "
+                          f"severely ill-conditioned or misspecified.") from None
     if ledger is not None:
-        ledger.screening(attempt * n - n)
+        ledger.screening(evaluated - n)
+    total = 0.0
+    for value in kept.tolist():   # Stan's running sum, in draw order
+        total += value
     return total / n + entropy
 
 
 # --------------------------------------------------------------------------------- SGD kernel
-GRAD_OK, GRAD_DROP_LIMIT, GRAD_NAN = 0, 1, 2   # ChunkResult.grad_failed codes
 
 
 class ChunkResult(NamedTuple):
@@ -363,106 +361,9 @@ class ChunkResult(NamedTuple):
     evaluated: int = 0           # gradient draws evaluated by the chunk (redraws, the failed one)
 
 
-def _stan_gradient_pieces(family):
-    """Stan's ``calc_grad`` arithmetic for ``family`` ([S] ``normal_meanfield::calc_grad``,
-    ``normal_fullrank::calc_grad``): (per-draw accumuland, finalize).
-
-    Stan sums, over the accepted draws and in draw order, ``g`` (the gradient of log p at ζ) and
-    ``g ∘ ε`` (mean-field) or the lower triangle of ``g εᵀ`` (full-rank); divides both sums by
-    ``grad_samples``; then mean-field multiplies the ω part by ``exp(ω)`` and adds the entropy
-    gradient 1, full-rank adds ``1/L_dd`` to the diagonal.  Overflow is not a drop: an infinite
-    product stays in the gradient (and the step-size rule turns it into NaN), as in Stan.
-    Returns None for a family Stan does not have (then the autodiff gradient of ℓ is used).
-    """
-    dim = family.dim
-    if isinstance(family, MeanField):
-        def accumuland(g, e):
-            return jnp.concatenate([g, g * e])
-
-        def finalize(params, acc, n):
-            _, omega = family.split(params)
-            mu_grad, omega_grad = acc[:dim] / n, acc[dim:] / n
-            return jnp.concatenate([mu_grad, omega_grad * jnp.exp(omega) + 1.0])
-        return accumuland, finalize
-    if isinstance(family, FullRank) and family.diagonal == "stan":
-        rows, cols = np.tril_indices(dim)
-        diag = np.flatnonzero(rows == cols)
-
-        def accumuland(g, e):
-            return jnp.concatenate([g, g[rows] * e[cols]])
-
-        def finalize(params, acc, n):
-            mu_grad, l_grad = acc[:dim] / n, acc[dim:] / n
-            l_diag = params[dim:][diag]
-            return jnp.concatenate([mu_grad, l_grad.at[diag].add(1.0 / l_diag)])
-        return accumuland, finalize
-    return None
-
-
 def _build_kernel(family, log_density, n: int, chunk: int):
-    dim, n_params, limit = family.dim, family.n_params, GRAD_RETRIES * n
-    stan_pieces = _stan_gradient_pieces(family)
-    index = jnp.arange(n)
-
-    if stan_pieces is not None:
-        accumuland, finalize = stan_pieces
-        lp_and_grad = jax.vmap(jax.value_and_grad(log_density))
-
-        def evaluate(params, eps):
-            """(ok, per-draw accumulands).  Stan drops a draw when the model throws (any
-            ``std::exception``) or the gradient of log p at ζ is not finite
-            (``check_finite(tmp_mu_grad)``).  A target signals a throw by a non-finite log
-            density (the Target convention; a Stan target's bridge returns −inf and a NaN
-            gradient for a throwing row), so a non-finite value is a drop too.  Only ∇ log p(ζ)
-            is checked, not the ω / L part: its overflow is not a drop in Stan."""
-            lp, g = lp_and_grad(family.sample(params, eps))
-            ok = jnp.isfinite(lp) & jnp.all(jnp.isfinite(g), axis=1)
-            return ok, jax.vmap(accumuland)(g, eps)
-    else:
-        def ell(params, e):
-            z = family.sample(params, e[None, :])[0]
-            return log_density(z) + family.entropy(params)
-
-        value_and_grads = jax.vmap(jax.value_and_grad(ell), in_axes=(None, 0))
-
-        def evaluate(params, eps):
-            values, grads = value_and_grads(params, eps)
-            return jnp.isfinite(values) & jnp.all(jnp.isfinite(grads), axis=1), grads
-
-        def finalize(params, acc, n):
-            return acc / n
-
-    def gradient(params, key):
-        """calc_grad (§2.3): draws in batches of n keyed ``fold_in(key, attempt)``, consumed in
-        order; the 10·n-th drop fails the gradient (GRAD_DROP_LIMIT); the accepted draws are
-        summed in draw order and finalized as Stan does; a NaN in the result fails it too
-        (GRAD_NAN: Stan's ``set_mu``/``set_omega``/``set_L_chol`` throw ``std::domain_error`` on
-        NaN, after the draws, with no redraw)."""
-        def cond(c):
-            return (c[1] < n) & ~c[4]
-
-        def body(c):
-            attempt, have, dropped, acc, failed = c
-            eps = jax.random.normal(jax.random.fold_in(key, attempt), (n, dim), dtype=jnp.float64)
-            ok, terms = evaluate(params, eps)
-            done = jnp.cumsum(ok) >= n - have
-            done_at = jnp.where(done.any(), jnp.argmax(done), n)
-            hit = dropped + jnp.cumsum(~ok) >= limit
-            fail_at = jnp.where(hit.any(), jnp.argmax(hit), n)
-            take = ok & (index <= done_at)
-            # sequential sum in draw order (Stan's mu_grad += ..., omega_grad += ...)
-            acc = lax.fori_loop(0, n, lambda j, a: jnp.where(take[j], a + terms[j], a), acc)
-            return (attempt + 1, have + jnp.sum(take, dtype=jnp.int32),
-                    dropped + jnp.sum(~ok & (index < done_at), dtype=jnp.int32),
-                    acc, failed | (fail_at < done_at))
-
-        zero = jnp.zeros((), jnp.int32)
-        init = (zero, zero, zero, jnp.zeros(n_params), jnp.zeros((), bool))
-        attempts, _, dropped, acc, failed = lax.while_loop(cond, body, init)
-        g = finalize(params, acc, n)
-        kind = jnp.where(failed, GRAD_DROP_LIMIT,
-                         jnp.where(jnp.any(jnp.isnan(g)), GRAD_NAN, GRAD_OK)).astype(jnp.int32)
-        return g, kind, jnp.where(failed, limit, dropped).astype(jnp.int32), attempts * n
+    n_params = family.n_params
+    gradient = stan_calc_grad(family, log_density, n)
 
     def advance(params, s, k0, n_steps, t0, eta, key, absorb):
         def cond(c):

@@ -20,13 +20,14 @@ Every evaluation is charged to the method's ledger (gradients, HVPs, log densiti
 
 from __future__ import annotations
 
+import math
 import sys
 from types import SimpleNamespace
 
 import numpy as np
 import jax
 
-from stanvi.estimators.elbo import standard_normal
+from stanvi.estimators.elbo import mean_of_valid, standard_normal
 from stanvi.methods.base import OracleLedger
 
 
@@ -215,11 +216,7 @@ def drive_lbfgsb(ext, fun_and_grad, x0: np.ndarray, *, maxiter: int, maxfun: int
 def _mean_elbo(est, params: np.ndarray, eps: np.ndarray) -> float:
     """The ELBO estimate on ``eps``; −inf if more than 10% of the draws fail (the failing ones
     are dropped otherwise, as Stan's calc_ELBO drops them)."""
-    values = est.values(params, eps)
-    finite = np.isfinite(values)
-    if finite.mean() < 0.9:
-        return -np.inf
-    return float(values[finite].mean())
+    return mean_of_valid(est.values(params, eps), math.ceil(0.9 * len(eps)))
 
 
 def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarray, *,
