@@ -19,7 +19,8 @@ import jax
 import numpy as np
 
 from stanvi.errors import VIError
-from stanvi.estimators.elbo import ElboEstimator, estimator_for, standard_normal
+from stanvi.estimators.base import estimator_for
+from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.families import make_family
 from stanvi.methods import get_method, make_options
 from stanvi.methods.base import MethodResult, RunContext, Trace, purpose_key
@@ -288,7 +289,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     fam = make_family(family, target.dim, **fam_kwargs)
     init_mu, random_mu = _initial_mu(target, init, seed)
     _check_init(target, init_mu)
-    estimator = estimator_for(target, fam)
+    estimator = estimator_for(target, fam, module.ESTIMATOR)
     bar = IterationProgress(method, enabled=progress)
     context = RunContext(init_mu=init_mu, random_init_mu=random_mu,
                          max_oracle_calls=max_oracle_calls, estimator=estimator, progress=bar)

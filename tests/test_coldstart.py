@@ -19,7 +19,8 @@ import pytest
 
 import stanvi
 from stanvi.bench import coldstart
-from stanvi.estimators.elbo import ElboEstimator, bucket, estimator_for
+from stanvi.estimators.base import estimator_for
+from stanvi.estimators.elbo import ElboEstimator, bucket
 from stanvi.families import make_family
 
 from conftest import data_file, stan_file

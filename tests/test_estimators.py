@@ -426,3 +426,18 @@ def test_gradient_with_redraws_all_fail_raises(truncated_est):
         gradient_with_redraws(truncated_est, params, jax.random.PRNGKey(0), 8, max_drops=80)
     from stanvi.errors import VIError
     assert isinstance(info.value, VIError)
+
+
+# ------------------------------------------------------------------ the estimator registry (P2-1b item 5)
+
+def test_every_method_names_a_registered_estimator_and_fit_builds_it(eight_schools):
+    from stanvi import methods
+    from stanvi.estimators.base import ESTIMATORS, estimator_for
+
+    for name, module in methods.METHODS.items():
+        assert module.ESTIMATOR in ESTIMATORS, name
+    est = estimator_for(eight_schools, MeanField(eight_schools.dim), "reparameterization")
+    assert isinstance(est, ElboEstimator)
+    assert estimator_for(eight_schools, MeanField(eight_schools.dim)) is est   # built once
+    with pytest.raises(ValueError, match="unknown estimator 'nope'"):
+        estimator_for(eight_schools, MeanField(eight_schools.dim), "nope")

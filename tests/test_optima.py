@@ -14,7 +14,8 @@ import pytest
 import stanvi
 from stanvi.bench.methods_bench import discover_models
 from stanvi.bench.optima import MeanFieldOptimum, load_optimum
-from stanvi.estimators.elbo import estimator_for, standard_normal
+from stanvi.estimators.base import estimator_for
+from stanvi.estimators.elbo import standard_normal
 from stanvi.families import MeanField
 
 from conftest import MODELS_DIR

@@ -196,7 +196,7 @@ def numerical_optimum(target) -> dict:
     ``elbo`` None with a ``reason`` where the ELBO is −∞)."""
     import scipy.optimize  # noqa: PLC0415
 
-    from stanvi.estimators.elbo import estimator_for  # noqa: PLC0415
+    from stanvi.estimators.base import estimator_for  # noqa: PLC0415
     from stanvi.families import MeanField  # noqa: PLC0415
 
     dim = target.dim

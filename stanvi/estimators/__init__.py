@@ -1,7 +1,10 @@
-"""ELBO estimators (see :mod:`stanvi.estimators.elbo`)."""
+"""ELBO estimators: the interface and registry (:mod:`stanvi.estimators.base`), the
+reparameterization estimator (:mod:`stanvi.estimators.elbo`) and Stan ADVI's ``calc_grad``
+(:mod:`stanvi.estimators.stan_gradient`)."""
 
+from stanvi.estimators.base import ESTIMATORS, Estimator, estimator_for
 from stanvi.estimators.elbo import (ElboEstimator, GradientEstimate, GradientFailure,
                                     gradient_with_redraws, standard_normal)
 
-__all__ = ["ElboEstimator", "GradientEstimate", "GradientFailure", "gradient_with_redraws",
-           "standard_normal"]
+__all__ = ["ESTIMATORS", "ElboEstimator", "Estimator", "GradientEstimate", "GradientFailure",
+           "estimator_for", "gradient_with_redraws", "standard_normal"]

@@ -236,17 +236,6 @@ class ElboEstimator:
         return np.asarray(z), np.asarray(lp), np.asarray(lq)
 
 
-def estimator_for(target, family) -> ElboEstimator:
-    """The ELBO estimator of (target, family), built once and kept on the target, so repeated
-    fits of the same model (seeds, benchmarks) compile their JAX functions only once."""
-    cache = target.__dict__.setdefault("_stanvi_estimators", {})
-    est = cache.get(family)
-    if est is None:
-        est = cache[family] = ElboEstimator(family, target.jax_log_density,
-                                            counter=getattr(target, "counter", None))
-    return est
-
-
 @functools.lru_cache(maxsize=4)
 def _tril_indices(dim: int) -> tuple[np.ndarray, np.ndarray]:
     return np.tril_indices(dim)

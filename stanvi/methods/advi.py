@@ -207,6 +207,7 @@ PROFILES: dict[str, dict[str, Any]] = {
               "elbo_before_loop": True},
 }
 DEFAULT_PROFILE = "stan"
+ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
 
 
 # --------------------------------------------------------------------------------- pure pieces

@@ -64,6 +64,7 @@ PROFILES: dict[str, dict] = {
     "default": {"n_grad": 64, "n_hess": 32, "tol_rel_change": 1e-3},
 }
 DEFAULT_PROFILE = "paper"
+ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
 
 
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:

@@ -162,6 +162,7 @@ PROFILES: dict[str, dict] = {
                        "n_change_policy": "reference"},
 }
 DEFAULT_PROFILE = "default"
+ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
 
 
 def _solve(options: Options, hvp, c: np.ndarray, delta: float):

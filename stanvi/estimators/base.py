@@ -1,0 +1,73 @@
+"""The estimator interface: what a method asks of an ELBO estimator, and the registry that lets
+``stanvi.fit`` pick one by name (DESIGN.md, "Layers").
+
+A new gradient estimator (a control variate, multilevel Monte Carlo, Rao-Blackwellization) is one
+module in ``stanvi/estimators/`` whose class satisfies :class:`Estimator` (adding what its method
+needs) and is listed in :data:`ESTIMATORS` under a name, plus one method module in
+``stanvi/methods/`` that declares ``ESTIMATOR = "<name>"``; ``stanvi.fit`` builds the estimator
+the method names (:func:`estimator_for`) and hands it over in the run context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from stanvi.estimators.elbo import ElboEstimator
+
+
+class Estimator(Protocol):
+    """The ELBO pieces the methods and ``Fit`` use, for one (family, log density) pair, on the
+    flat variational parameters ``params`` (P,) and base draws ``eps`` (n, D); numpy results.
+    :class:`~stanvi.estimators.elbo.ElboEstimator` is the reparameterization implementation."""
+
+    family: Any
+    log_density: Callable
+
+    @property
+    def compile_seconds(self) -> float:
+        """JAX compilation time spent so far (reported apart from run time)."""
+
+    def values(self, params, eps, *, bucketed: bool = False) -> np.ndarray:
+        """ℓ(λ; ε_j) per draw (n,)."""
+
+    def values_and_grads(self, params, eps, *, bucketed: bool = False
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """ℓ per draw and the per-draw gradients ∇_λ ℓ (n, P)."""
+
+    def hvp(self, params, eps, direction) -> np.ndarray:
+        """∇²L̂(λ) v on the fixed draws ``eps``."""
+
+    def pair_differences(self, new, old, eps, *, bucketed: bool = False) -> np.ndarray:
+        """Matched-pair ELBO changes ℓ(λ'; ε_i) − ℓ(λ; ε_i)."""
+
+    def log_p_and_q(self, params, eps, *, bucketed: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draws z, log p(z) and log q(z) (output draws, importance ratios)."""
+
+
+EstimatorFactory = Callable[..., Estimator]
+
+ESTIMATORS: dict[str, EstimatorFactory] = {
+    # the reparameterization-gradient estimator (Kingma & Welling 2014; Titsias &
+    # Lázaro-Gredilla 2014), with HVPs by forward-over-reverse autodiff; every method so far
+    "reparameterization": ElboEstimator,
+}
+DEFAULT_ESTIMATOR = "reparameterization"
+
+
+def estimator_for(target, family, name: str = DEFAULT_ESTIMATOR) -> Estimator:
+    """The estimator ``name`` of (target, family), built once and kept on the target, so
+    repeated fits of the same model (seeds, benchmarks) compile their JAX functions only once."""
+    try:
+        factory = ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}") from None
+    cache = target.__dict__.setdefault("_stanvi_estimators", {})
+    est = cache.get((name, family))
+    if est is None:
+        est = cache[(name, family)] = factory(family, target.jax_log_density,
+                                              counter=getattr(target, "counter", None))
+    return est
