@@ -60,7 +60,7 @@ from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, stan
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, Trace, compile_clock,
                                  purpose_key)
 from stanvi.methods.checks import divergence, support_failure_message, support_failures
-from stanvi.methods.refine import refine
+from stanvi.methods.refine import hessian_draws, refine
 from stanvi.methods.warm_start import laplace_start
 from stanvi.optim.gltr import certified_newton_gain, solve_gltr, solve_subspace_reuse
 from stanvi.optim.jackknife import jackknife_snr, update_replication
@@ -437,7 +437,13 @@ def _refine_after_stop(est, family, params, o: Options, key, ledger, trace, k: i
 
     # retrospective approximation (Pasupathy 2010): a cheap stage on fewer draws solved to its
     # own statistical accuracy (~P/(2N) nats), then the certifying stage warm-started from it
-    stages = [n for n in (o.refine_draws // 8,) if n >= 256] + [o.refine_draws]
+    # full rank: a stage needs more draws than dimensions (2(D + 1), refine.hessian_draws):
+    # on N ≤ D fixed draws the sample-average ELBO is unbounded (L grows orthogonally to every
+    # draw, the entropy with it) and its Hessian singular (D = 1,000: a 512-draw first stage
+    # ran Krylov-limited solves for minutes; issue 17 item 6)
+    least = max(256, hessian_draws(family, 0))
+    stages = ([n for n in (o.refine_draws // 8,) if n >= least]
+              + [max(o.refine_draws, hessian_draws(family, 0))])
     gain = 0.0
     iterations = 0
     radius = max(delta, o.refine_delta0)
