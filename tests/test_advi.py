@@ -16,10 +16,15 @@ from stanvi.errors import VIError
 from stanvi.estimators import ElboEstimator, GradientFailure, gradient_with_redraws, standard_normal
 from stanvi.families import FullRank, MeanField
 from stanvi.methods import advi, get_method, make_options
+from stanvi.methods import advi_rules
+from stanvi.methods import advi_output
+from stanvi.methods import advi_sgd
+from stanvi.estimators import stan_advi
+from stanvi.optim import step_size
 from stanvi.methods.base import RunContext, purpose_key
 from stanvi.progress import IterationProgress
 
-DBL_MAX = advi.DBL_MAX
+DBL_MAX = advi_rules.DBL_MAX
 
 # A correlated Gaussian target N(m, Σ); the constant −100 keeps the ELBO away from 0 so that
 # relative ELBO changes are meaningful (the optimum ELBO is about −100 + log-normalizer).
@@ -101,7 +106,7 @@ def test_registry_profiles_and_options():
     paper = make_options(advi, "paper", {})
     assert (paper.grad_samples, paper.tol_rel_obj, paper.init_log_scale, paper.init,
             paper.elbo_before_loop) == (256, 1e-4, -1.0, "zero", True)
-    assert advi.ETA_GRID == (100.0, 10.0, 1.0, 0.1, 0.01)
+    assert advi_rules.ETA_GRID == (100.0, 10.0, 1.0, 0.1, 0.01)
     with pytest.raises(ValueError, match="grad_samples"):
         advi.Options(grad_samples=0)
     with pytest.raises(ValueError, match="init"):
@@ -134,7 +139,7 @@ def test_stepsize_sequence_scripted_gradients():
     params, s = np.array([0.1, -0.2, 0.3]), np.zeros(3)
     ref_params, ref_s = params.copy(), np.zeros(3)
     for k, g in enumerate(grads, start=1):
-        params, s, rho = (np.asarray(a) for a in advi.stan_step(params, s, g, k, eta))
+        params, s, rho = (np.asarray(a) for a in step_size.stan_step(params, s, g, k, eta))
         for i in range(3):   # Stan's arithmetic, element by element, in plain floats
             ref_s[i] = g[i] ** 2 if k == 1 else 0.9 * ref_s[i] + 0.1 * g[i] ** 2
             eta_scaled = eta / math.sqrt(k)
@@ -143,7 +148,7 @@ def test_stepsize_sequence_scripted_gradients():
         np.testing.assert_array_equal(s, ref_s)
         np.testing.assert_array_equal(params, ref_params)
     # s_1 = g_1² exactly (not 0.1 g_1²), and the first step is η g / (1 + |g|)
-    p1, s1, _ = advi.stan_step(np.zeros(1), np.zeros(1), np.array([3.0]), 1, 2.0)
+    p1, s1, _ = step_size.stan_step(np.zeros(1), np.zeros(1), np.array([3.0]), 1, 2.0)
     assert float(s1[0]) == 9.0 and float(p1[0]) == 2.0 * 3.0 / 4.0
 
 
@@ -154,7 +159,7 @@ def test_sgd_chunk_matches_gradient_with_redraws_and_stan_step():
         est = estimator(target, family)
         key = jax.random.PRNGKey(11)
         p0 = family.initial_params(np.full(family.dim, -0.3), -0.2)
-        chunk = advi.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=7, t0=20, eta=0.5,
+        chunk = advi_sgd.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=7, t0=20, eta=0.5,
                              key=key, absorb=False, grad_samples=n)
         assert chunk.n_done == 7 and not chunk.fatal
         params, s = p0, np.zeros_like(p0)
@@ -162,7 +167,7 @@ def test_sgd_chunk_matches_gradient_with_redraws_and_stan_step():
             ref = gradient_with_redraws(est, params, purpose_key(key, 21 + i, "gradient"), n,
                                         10 * n)
             assert chunk.drops[i] == ref.n_dropped
-            params, s, _ = (np.asarray(a) for a in advi.stan_step(params, s, ref.gradient, i + 1,
+            params, s, _ = (np.asarray(a) for a in step_size.stan_step(params, s, ref.gradient, i + 1,
                                                                   0.5))
             np.testing.assert_allclose(chunk.history[i], params, rtol=1e-12, atol=1e-14)
         if target is HALF:
@@ -176,7 +181,7 @@ def test_chunking_does_not_change_results(monkeypatch):
 
     kwargs = dict(seed=6, max_iterations=230, eval_elbo=40, adapt_iter=30)
     a = run_advi(GAUSS, MeanField(D), **kwargs)
-    monkeypatch.setattr(advi, "_CHUNK", 7)
+    monkeypatch.setattr(advi_sgd, "_CHUNK", 7)
     b = run_advi(GAUSS, MeanField(D), **kwargs)
     assert strip(a) == strip(b)
     np.testing.assert_allclose(np.array(a.trace.params), np.array(b.trace.params), rtol=1e-13)
@@ -196,10 +201,10 @@ def _select(elbos, elbo_init=-1000.0):
 def test_eta_adaptation_rule():
     assert _select([-np.inf, -500, -400, -450]) == (1.0, [100.0, 10.0, 1.0, 0.1])
     assert _select([-300, -350]) == (100.0, [100.0, 10.0])
-    assert _select([-DBL_MAX, -DBL_MAX, -900, -800, -700]) == (0.01, list(advi.ETA_GRID))
+    assert _select([-DBL_MAX, -DBL_MAX, -900, -800, -700]) == (0.01, list(advi_rules.ETA_GRID))
     # a drop while the previous trial was no better than elbo_init does not stop the search
     assert _select([-1200, -1300, -1100, -1150, -900])[0] == 0.01
-    assert _select([-1200, -1300, -1100, -1150, -900])[1] == list(advi.ETA_GRID)
+    assert _select([-1200, -1300, -1100, -1150, -900])[1] == list(advi_rules.ETA_GRID)
     for bad in ([-2000, -1500, -1200, -1100, -1000], [-DBL_MAX] * 5, [np.nan] * 5):
         with pytest.raises(VIError, match="All proposed step-sizes failed"):
             _select(bad)
@@ -229,7 +234,7 @@ def test_eta_adaptation_in_run_and_reset_to_q0(monkeypatch):
     est, key, q0 = estimator(GAUSS, family), jax.random.PRNGKey(5), r.trace.params[0]
     for t, eta in ((1, 100.0), (51, 10.0), (101, 1.0), (151, 0.1), (201, 1.0)):
         g = gradient_with_redraws(est, q0, purpose_key(key, t, "gradient"), 1, 10).gradient
-        expected, _, _ = advi.stan_step(q0, np.zeros_like(q0), g, 1, eta)
+        expected, _, _ = step_size.stan_step(q0, np.zeros_like(q0), g, 1, eta)
         np.testing.assert_allclose(r.trace.params[t], expected, rtol=1e-12)
     sgd = rows(r, "sgd")
     assert len(sgd) == 100 and sgd[0]["iteration"] == 201 and sgd[-1]["elbo"] == -300.0
@@ -259,26 +264,26 @@ def test_relative_tolerance_bookkeeping():
     assert advi.Options().cb_size == 10
     assert advi.Options(max_iterations=100).cb_size == 2
     assert advi.Options(max_iterations=25000).cb_size == 25
-    mon = advi.RelativeTolerance(10, 0.01)
+    mon = advi_rules.RelativeTolerance(10, 0.01)
     first = mon.update(-200.0)
     assert first.rel_change == 1.0 and not first.converged          # elbo_prev = 0
     second = mon.update(-250.0)
     assert second.rel_change == pytest.approx(50 / 250)             # current ELBO below
     assert second.rel_change != pytest.approx(50 / 200)
     # upper median for an even count: sorted [0.0005, 0.001, 0.2, 1.0] → 0.2
-    mon = advi.RelativeTolerance(10, 0.01)
+    mon = advi_rules.RelativeTolerance(10, 0.01)
     mon.buffer.extend([1.0, 0.2, 0.001])
     mon.elbo = -100.0
     check = mon.update(-100.05)                                     # δ ≈ 0.0005
     assert check.rel_median == 0.2 and not check.converged_median
-    assert advi.circ_buff_median([3.0, 1.0, 2.0]) == 2.0
-    assert advi.circ_buff_median([4.0, 1.0, 3.0, 2.0]) == 3.0
+    assert advi_rules.circ_buff_median([3.0, 1.0, 2.0]) == 2.0
+    assert advi_rules.circ_buff_median([4.0, 1.0, 3.0, 2.0]) == 3.0
     # capacity: the oldest entry leaves the buffer
-    mon = advi.RelativeTolerance(2, 0.01)
+    mon = advi_rules.RelativeTolerance(2, 0.01)
     for e in (-100.0, -100.0, -100.0):
         check = mon.update(e)
     assert list(mon.buffer) == [0.0, 0.0] and check.converged_mean and check.converged_median
-    assert math.isinf(advi.rel_difference(0.0, 1.0)) and math.isnan(advi.rel_difference(0.0, 0.0))
+    assert math.isinf(advi_rules.rel_difference(0.0, 1.0)) and math.isnan(advi_rules.rel_difference(0.0, 0.0))
 
 
 def test_earliest_stop_is_300_in_stan_profile_and_100_in_paper(monkeypatch):
@@ -373,7 +378,7 @@ def test_gradient_drop_limit_is_ten_per_draw(n):
     assert set(found) == {10 * n - 1, 10 * n}
 
     def one_step(t, absorb):
-        return advi.advance(est, params, np.zeros(4), k0=0, n_steps=1, t0=t - 1, eta=1.0,
+        return advi_sgd.advance(est, params, np.zeros(4), k0=0, n_steps=1, t0=t - 1, eta=1.0,
                             key=base, absorb=absorb, grad_samples=n)
 
     ok = one_step(found[10 * n - 1], False)
@@ -466,7 +471,7 @@ def test_output_draws_format():
     est = estimator(GAUSS, family)
     params = family.initial_params(M, -0.5)
     key = jax.random.PRNGKey(9)
-    out = advi.output_draws(est, params, key, 1000)
+    out = advi_output.output_draws(est, params, key, 1000)
     assert out["z"].shape == (1001, D)
     for name in ("lp__", "log_p__", "log_g__"):
         assert out[name].shape == (1001,) and out[name][0] == 0.0
@@ -580,13 +585,13 @@ def test_stan_model_with_reject_region():
     est = ElboEstimator(family, target.jax_log_density)
     key = jax.random.PRNGKey(3)
     p0 = family.initial_params(np.array([2.0, 0.0]), -0.5)      # half the draws reject
-    chunk = advi.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=5, t0=0, eta=0.1, key=key,
+    chunk = advi_sgd.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=5, t0=0, eta=0.1, key=key,
                          absorb=True, grad_samples=2)
     params, s = p0, np.zeros_like(p0)
     for i in range(5):
         ref = gradient_with_redraws(est, params, purpose_key(key, i + 1, "gradient"), 2, 20)
         assert chunk.drops[i] == ref.n_dropped
-        params, s, _ = advi.stan_step(params, s, ref.gradient, i + 1, 0.1)
+        params, s, _ = step_size.stan_step(params, s, ref.gradient, i + 1, 0.1)
         np.testing.assert_allclose(chunk.history[i], np.asarray(params), rtol=1e-12)
     assert chunk.drops.sum() > 0
 
@@ -620,7 +625,7 @@ def test_eta_adaptation_keeps_nan_and_minus_infinity_as_stan_does():
     # eta_best = 0: −∞ < −DBL_MAX and −DBL_MAX > −∞
     assert _select([-np.inf], elbo_init=-np.inf) == (0.0, [100.0])
     # ... while a failed first trial (−DBL_MAX) does not, and η = 0.01 then beats −∞
-    assert _select([-DBL_MAX] * 5, elbo_init=-np.inf) == (0.01, list(advi.ETA_GRID))
+    assert _select([-DBL_MAX] * 5, elbo_init=-np.inf) == (0.01, list(advi_rules.ETA_GRID))
     # a NaN elbo_init makes every comparison false: no early stop, and the last η fails
     with pytest.raises(VIError, match="All proposed step-sizes failed"):
         _select([-500.0, -600.0, -700.0, -800.0, -900.0], elbo_init=np.nan)
@@ -673,14 +678,14 @@ def test_nan_gradient_fails_calc_grad_without_dropping_draws():
     family = MeanField(2)
     est = estimator(_FLAT, family)
     p0 = family.initial_params(np.zeros(2), 710.0)
-    chunk = advi.advance(est, p0, np.zeros(4), k0=0, n_steps=3, t0=0, eta=1.0,
+    chunk = advi_sgd.advance(est, p0, np.zeros(4), k0=0, n_steps=3, t0=0, eta=1.0,
                          key=jax.random.PRNGKey(0), absorb=False, grad_samples=1)
     assert chunk.fatal and chunk.n_done == 0
-    assert chunk.fatal_kind == advi.GRAD_NAN and chunk.fatal_drops == 0
+    assert chunk.fatal_kind == stan_advi.GRAD_NAN and chunk.fatal_drops == 0
     # adaptation absorbs it as a zero gradient
-    chunk = advi.advance(est, p0, np.zeros(4), k0=0, n_steps=2, t0=0, eta=1.0,
+    chunk = advi_sgd.advance(est, p0, np.zeros(4), k0=0, n_steps=2, t0=0, eta=1.0,
                          key=jax.random.PRNGKey(0), absorb=True, grad_samples=1)
-    assert list(chunk.grad_failed) == [advi.GRAD_NAN] * 2 and list(chunk.drops) == [0, 0]
+    assert list(chunk.grad_failed) == [stan_advi.GRAD_NAN] * 2 and list(chunk.drops) == [0, 0]
     np.testing.assert_array_equal(chunk.params, p0)
     r = run_advi(_FLAT, family, seed=0, init_mu=[0.0, 0.0], adapt_engaged=False,
                  init_log_scale=710.0)
@@ -695,11 +700,11 @@ def test_overflowing_scale_gradient_is_not_a_drop():
     family = MeanField(1)
     est = estimator(_WAVY, family)
     p0 = family.initial_params(np.zeros(1), 20.0)          # σ = 4.9e8, g·ε·σ ~ 1e308+
-    chunk = advi.advance(est, p0, np.zeros(2), k0=0, n_steps=2, t0=0, eta=1.0,
+    chunk = advi_sgd.advance(est, p0, np.zeros(2), k0=0, n_steps=2, t0=0, eta=1.0,
                          key=jax.random.PRNGKey(1), absorb=False, grad_samples=1)
     assert chunk.n_done == 1 and chunk.drops[0] == 0
     assert np.isfinite(chunk.history[0][0]) and np.isnan(chunk.history[0][1])
-    assert chunk.fatal and chunk.fatal_kind == advi.GRAD_DROP_LIMIT and chunk.fatal_drops == 10
+    assert chunk.fatal and chunk.fatal_kind == stan_advi.GRAD_DROP_LIMIT and chunk.fatal_drops == 10
 
 
 def test_gradient_is_stans_arithmetic():
@@ -712,7 +717,7 @@ def test_gradient_is_stans_arithmetic():
         p0 = family.initial_params(np.linspace(-1, 1, D), -0.4)
         if isinstance(family, FullRank):
             p0 = p0 + 0.05 * np.r_[np.zeros(D), np.arange(family.n_params - D)]
-        chunk = advi.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=1, t0=6, eta=0.7,
+        chunk = advi_sgd.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=1, t0=6, eta=0.7,
                              key=key, absorb=False, grad_samples=n)
         eps = np.asarray(jax.random.normal(jax.random.fold_in(purpose_key(key, 7, "gradient"), 0),
                                            (n, D), dtype=jnp.float64))
@@ -725,7 +730,7 @@ def test_gradient_is_stans_arithmetic():
             r_, c_ = np.tril_indices(D)
             rest = (g[:, r_] * eps[:, c_]).sum(0) / n
             rest[r_ == c_] += 1.0 / p0[D:][r_ == c_]
-        expected, _, _ = advi.stan_step(p0, np.zeros_like(p0), np.r_[mu_grad, rest], 1, 0.7)
+        expected, _, _ = step_size.stan_step(p0, np.zeros_like(p0), np.r_[mu_grad, rest], 1, 0.7)
         np.testing.assert_allclose(chunk.history[0], np.asarray(expected), rtol=1e-13)
 
 
@@ -813,7 +818,7 @@ def test_raw_unit_regression_steps_follow_stans_calc_grad(name):
     key = jax.random.PRNGKey(1)
     p0 = family.initial_params(target.initial_point(1))
     for eta, absorb, n in ((100.0, True, 1), (10.0, False, 1), (1.0, True, 3)):
-        chunk = advi.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=30, t0=0, eta=eta,
+        chunk = advi_sgd.advance(est, p0, np.zeros_like(p0), k0=0, n_steps=30, t0=0, eta=eta,
                              key=key, absorb=absorb, grad_samples=n)
         params, s = p0, np.zeros_like(p0)
         for i in range(30):
@@ -823,7 +828,7 @@ def test_raw_unit_regression_steps_follow_stans_calc_grad(name):
                 break
             assert chunk.drops[i] == dropped
             assert bool(chunk.grad_failed[i]) == (g is None)
-            params, s, _ = (np.asarray(a) for a in advi.stan_step(
+            params, s, _ = (np.asarray(a) for a in step_size.stan_step(
                 params, s, np.zeros_like(p0) if g is None else g, i + 1, eta))
             np.testing.assert_allclose(chunk.history[i], params, rtol=1e-12, atol=1e-300)
         if eta == 100.0 and name == "raw_height_weight":   # the drop path was exercised

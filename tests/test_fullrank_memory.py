@@ -24,7 +24,7 @@ import pytest
 from stanvi.estimators.elbo import (ElboEstimator, FullRankRows, gradient_with_redraws,
                                     per_draw_gradients)
 from stanvi.families import FullRank, MeanField
-from stanvi.methods import advi
+from stanvi.methods import advi_sgd
 from stanvi.methods.base import OracleLedger, Trace
 from stanvi.methods.refine import hessian_draws
 from stanvi.optim import gltr
@@ -176,9 +176,9 @@ def test_trace_keeps_iterates_within_its_byte_cap():
 
 
 def test_advi_chunk_and_refinement_hessian_sizes():
-    assert advi._chunk_for(MeanField(10)) == advi._CHUNK
-    assert advi._chunk_for(FullRank(100)) == advi._CHUNK
-    assert advi._chunk_for(FullRank(2000)) == 8           # 8 × 16 MB of history, not 100
+    assert advi_sgd._chunk_for(MeanField(10)) == advi_sgd._CHUNK
+    assert advi_sgd._chunk_for(FullRank(100)) == advi_sgd._CHUNK
+    assert advi_sgd._chunk_for(FullRank(2000)) == 8           # 8 × 16 MB of history, not 100
     assert hessian_draws(MeanField(2000), 256) == 256
     assert hessian_draws(FullRank(20), 256) == 256
     assert hessian_draws(FullRank(500), 256) == 1002      # > D: a non-singular sampled Hessian

@@ -1,6 +1,6 @@
 """ELBO estimators: the interface and registry (:mod:`stanvi.estimators.base`), the
 reparameterization estimator (:mod:`stanvi.estimators.elbo`) and Stan ADVI's ``calc_grad``
-(:mod:`stanvi.estimators.stan_gradient`)."""
+(:mod:`stanvi.estimators.stan_advi`)."""
 
 from stanvi.estimators.base import ESTIMATORS, Estimator, estimator_for
 from stanvi.estimators.elbo import (ElboEstimator, GradientEstimate, GradientFailure,

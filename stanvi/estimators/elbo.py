@@ -392,7 +392,7 @@ def collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_drop
                    what: str) -> tuple[list[np.ndarray], int, int]:
     """Draw batches of n base draws until n valid ones are collected: Stan's drop-and-redraw rule
     (``calc_grad``, ``calc_ELBO``; docs/algorithms.md#advi), the one home of that rule in Python
-    (its JAX form, for compiled loops, is :func:`stanvi.estimators.stan_gradient.stan_calc_grad`).  ``evaluate(eps)`` returns (ok mask, *per-draw arrays); returns, for each array of
+    (its JAX form, for compiled loops, is :func:`stanvi.estimators.stan_advi.stan_calc_grad`).  ``evaluate(eps)`` returns (ok mask, *per-draw arrays); returns, for each array of
     evaluate plus eps itself, the valid rows concatenated, then the drop count and the number of
     draws evaluated.  Batches keep the static size n, so nothing recompiles.  Raises
     GradientFailure when ``max_drops`` draws have failed."""

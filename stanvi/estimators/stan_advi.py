@@ -1,12 +1,14 @@
-"""Stan ADVI's stochastic ELBO gradient, ``calc_grad``, as JAX code (Kucukelbir et al. 2017,
-JMLR 18(14), §3.2 and Eq. 8; Stan's ``normal_meanfield::calc_grad`` / ``normal_fullrank::
-calc_grad``; docs/algorithms.md#advi): the estimator :mod:`stanvi.methods.advi` compiles into
-its SGD chunks.  Stan's own arithmetic (sums in draw order, the ω part scaled after the sum, the
+"""Stan ADVI's two estimators (Kucukelbir et al. 2017, JMLR 18(14), §3.2, Eq. 8; Stan's
+``normal_meanfield::calc_grad`` / ``normal_fullrank::calc_grad`` and ``advi::calc_ELBO``;
+docs/algorithms.md#advi): the stochastic ELBO gradient as JAX code (:func:`stan_calc_grad`),
+which :mod:`stanvi.methods.advi` compiles into its SGD chunks, and the ELBO estimate
+(:func:`calc_elbo`).  Stan's own arithmetic (sums in draw order, the ω part scaled after the sum, the
 entropy gradient added last) is kept exactly, including what overflows and what is a drop.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import jax
@@ -14,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from stanvi.estimators.elbo import elbo_term
+from stanvi.errors import VIError
+from stanvi.estimators.elbo import ElboEstimator, GradientFailure, collect_valid, elbo_term
 from stanvi.families import FullRank, MeanField
 
 GRAD_RETRIES = 10        # calc_grad's n_retries: the 10·grad_samples-th drop raises
@@ -99,7 +102,7 @@ def stan_calc_grad(family, log_density: Callable, n: int) -> Callable:
             return acc / n
 
     def gradient(params, key):
-        """calc_grad (§2.3): draws in batches of n keyed ``fold_in(key, attempt)``, consumed in
+        """calc_grad (docs/algorithms.md#advi-gradient): draws in batches of n keyed ``fold_in(key, attempt)``, consumed in
         order; the 10·n-th drop fails the gradient (GRAD_DROP_LIMIT); the accepted draws are
         summed in draw order and finalized as Stan does; a NaN in the result fails it too
         (GRAD_NAN: Stan's ``set_mu``/``set_omega``/``set_L_chol`` throw ``std::domain_error`` on
@@ -131,3 +134,59 @@ def stan_calc_grad(family, log_density: Callable, n: int) -> Callable:
         return g, kind, jnp.where(failed, limit, dropped).astype(jnp.int32), attempts * n
 
     return gradient
+
+
+class ElboFailure(VIError):
+    """``calc_ELBO`` dropped ``elbo_samples`` draws (the model threw or was non-finite)."""
+
+
+_ELBO_PIECES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _elbo_pieces(estimator: ElboEstimator):
+    """Jitted (params, eps) ↦ (log p(z_j) for each row, H(q)), cached weakly per estimator."""
+    if estimator not in _ELBO_PIECES:
+        family, log_density = estimator.family, estimator.log_density
+        _ELBO_PIECES[estimator] = jax.jit(lambda params, eps: (
+            jax.vmap(log_density)(family.sample(params, eps)), family.entropy(params)))
+    return _ELBO_PIECES[estimator]
+
+
+def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int,
+              ledger=None) -> float:
+    """Stan's ``calc_ELBO`` (docs/algorithms.md#advi-elbo; [S] ``advi::calc_ELBO``).
+
+    Draws come in batches of the static size n (``fold_in(key, attempt)``) and are consumed in
+    order; a draw whose log p(ζ) is not finite is dropped (Stan: ``check_finite`` throws
+    ``std::domain_error``, caught); the n-th drop raises :class:`ElboFailure`.  The result is
+    Stan's arithmetic: ``elbo += log_prob`` over the kept draws in draw order, ``elbo /= n``,
+    ``elbo += entropy()``.  So it can be −∞ without a failure (the sum of finite log densities
+    overflows), which ``adapt_eta`` then compares as −∞, not as −DBL_MAX.  Draws evaluated beyond
+    the n the estimate uses (redraw batches) are charged to ``ledger`` as screening draws.
+    """
+    pieces = _elbo_pieces(estimator)
+    params = jnp.asarray(params, dtype=jnp.float64)
+    entropy = 0.0
+
+    def evaluate(eps):
+        nonlocal entropy
+        log_p, h = jax.device_get(pieces(params, eps))
+        entropy = float(h)
+        log_p = np.asarray(log_p, dtype=float)
+        return np.isfinite(log_p), log_p
+
+    try:
+        (_, kept), _, evaluated = collect_valid(evaluate, key, n, estimator.family.dim, n,
+                                                "the ELBO")
+    except GradientFailure as exc:
+        if ledger is not None:
+            ledger.screening(exc.evaluated - n)
+        raise ElboFailure(f"stan::variational::advi::calc_ELBO: The number of dropped evaluations "
+                          f"has reached its maximum amount ({n}). Your model may be either "
+                          f"severely ill-conditioned or misspecified.") from None
+    if ledger is not None:
+        ledger.screening(evaluated - n)
+    total = 0.0
+    for value in kept.tolist():   # Stan's running sum, in draw order
+        total += value
+    return total / n + entropy
