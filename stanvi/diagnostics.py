@@ -484,10 +484,17 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
 
 
 def _cholesky(family, params) -> np.ndarray:
-    """``family.cholesky(params)`` as one jitted program per (family, shape), not the dozen eager
-    JAX operations (each its own program to trace, lower and load in a new process, ~0.2–0.3 s
-    of a first full-rank fit, issue 8 part 3) that calling it on an array runs; the same
-    values (gathers and selects are exact, and XLA's exp is the same in both)."""
+    """``family.cholesky(params)``: in NumPy where L's entries are λ's as they are (the 'stan'
+    diagonal), else as one jitted program per (family, shape); not the dozen eager JAX
+    operations that calling it on an array runs, each its own program to trace, lower and load
+    in a new process (~0.2–0.3 s of a first full-rank fit, issue 8 part 3).  The same values:
+    copies, gathers and selects are exact, and XLA's exp is the same fused or not."""
+    if getattr(family, "diagonal", None) == "stan":  # L is λ's entries as they are: NumPy
+        dim = int(family.dim)
+        rows, cols = np.tril_indices(dim)
+        lower = np.zeros((dim, dim))
+        lower[rows, cols] = np.asarray(params, dtype=float)[dim:dim + rows.size]
+        return lower
     import jax  # noqa: PLC0415
 
     try:
