@@ -182,3 +182,22 @@ def test_advi_chunk_and_refinement_hessian_sizes():
     assert hessian_draws(MeanField(2000), 256) == 256
     assert hessian_draws(FullRank(20), 256) == 256
     assert hessian_draws(FullRank(500), 256) == 1002      # > D: a non-singular sampled Hessian
+
+
+def test_exact_q_in_high_dimension_is_diagnosed_good():
+    """q = p exactly at D = 1,500: log p − log q is 0 up to the rounding of sums of size ~3,000,
+    which used to exceed the 1e-12 'constant ratios' tolerance and made k̂ NaN and the verdict
+    'unreliable' (TrustVI's exact full-rank fit at D = 2,000 in stanvi bench fullrank)."""
+    import math  # noqa: PLC0415
+
+    from stanvi.diagnostics import compute  # noqa: PLC0415
+
+    dim = 1500
+    eps = np.random.default_rng(0).standard_normal((2000, dim))
+    z = 1.0 + 2.0 * eps
+    const = dim * math.log(2.0) + 0.5 * dim * math.log(2 * math.pi)
+    log_p = -0.5 * np.sum(((z - 1.0) / 2.0) ** 2, axis=1) - const
+    log_q = -0.5 * np.einsum("ij,ij->i", eps, eps) - const
+    assert np.ptp(log_p - log_q) > 1e-12          # rounding, not a real difference
+    d = compute(log_p, log_q)
+    assert d.khat == -math.inf and d.verdict == "good" and not d.warnings
