@@ -48,12 +48,16 @@ _SETULB_SIGNATURE = ("setulb(m, x, l, u, nbd, f, g, factr, pgtol, wa, iwa, task,
                      "dsave, maxls, ln_task)")
 
 
+_LBFGSB_EXT = None
+
+
 def _lbfgsb_extension():
     """scipy.optimize._lbfgsb loaded without importing scipy.optimize, or None when it cannot be
     (another interface, or scipy.optimize is imported anyway: then its minimize is as cheap)."""
+    global _LBFGSB_EXT  # noqa: PLW0603
     if "scipy.optimize" in sys.modules:
         return None
-    mod = sys.modules.get("scipy.optimize._lbfgsb")
+    mod = sys.modules.get("scipy.optimize._lbfgsb") or _LBFGSB_EXT
     if mod is None:
         try:
             import glob  # noqa: PLC0415
@@ -75,7 +79,9 @@ def _lbfgsb_extension():
         if not str(getattr(getattr(mod, "setulb", None), "__doc__", "") or "").startswith(
                 _SETULB_SIGNATURE):
             return None
-        sys.modules.setdefault("scipy.optimize._lbfgsb", mod)  # what scipy.optimize would load
+        # kept here, not in sys.modules: a later `import scipy.optimize` then loads and binds
+        # its own copy as usual (scipy.optimize._lbfgsb stays an attribute of the package)
+        _LBFGSB_EXT = mod
     if not str(getattr(mod.setulb, "__doc__", "") or "").startswith(_SETULB_SIGNATURE):
         return None
     return mod
