@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -199,6 +199,49 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+class StepOutcome(NamedTuple):
+    """What one iteration of a method returns to :func:`iterate`.
+
+    ``state``: the method's state after the iteration (its own NamedTuple; ``state.params`` is
+    the iterate); ``row``: the trace fields of the iteration, or None when the iteration was
+    aborted before it produced one (a failed gradient: no row, ``stop`` says why); ``stop``:
+    (status, message) ending the run after this iteration; ``display``: extra fields for the
+    progress line."""
+
+    state: Any
+    row: dict[str, Any] | None
+    stop: tuple[str, str] | None = None
+    display: dict[str, float] | None = None
+
+
+def iterate(step: Callable[[Any, int], StepOutcome], state: Any, *, max_iters: int,
+            trace: Trace, ledger: OracleLedger, context: "RunContext") -> tuple[Any, int, str, str]:
+    """The loop every host-side method shares (the ``init``/``step`` shape of BlackJAX, with the
+    trust region's Python kept host-side): for k = 1 … ``max_iters``, ``step(state, k)``; the
+    loop records the trace row, updates the progress line, and ends the run on the step's
+    ``stop``, on an aborted step, or when the oracle budget is spent (checked after every
+    iteration).  Returns (state, last k, status, message); status 'max_iters' when the loop ran
+    out."""
+    status, message = "max_iters", f"reached max_iters={max_iters}"
+    k = 0
+    for k in range(1, max_iters + 1):
+        outcome = step(state, k)
+        state = outcome.state
+        if outcome.row is None:
+            status, message = outcome.stop
+            break
+        trace.record(k, state.params, ledger, **outcome.row)
+        context.progress.update(k, elbo=outcome.row.get("elbo", float("nan")),
+                                oracle=ledger.scaled, **(outcome.display or {}))
+        if outcome.stop is not None:
+            status, message = outcome.stop
+            break
+        if context.over_budget(ledger.scaled):
+            status, message = "budget", f"oracle budget {context.max_oracle_calls} spent"
+            break
+    return state, k, status, message
 
 
 @dataclass

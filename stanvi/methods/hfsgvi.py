@@ -21,13 +21,15 @@ step norm.  The TrustVI paper gives HFSGVI no convergence test; stanvi adds an o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
-from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, Trace, compile_clock,
-                                 purpose_key)
+from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
+                                 compile_clock, iterate, purpose_key)
 from stanvi.methods.checks import divergence
 from stanvi.optim.cg import truncated_cg
 
@@ -77,63 +79,73 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         return _run(family, key=key, options=options, context=context)
 
 
+class State(NamedTuple):
+    """HFSGVI's state between iterations: the iterate and the count of consecutive small steps
+    (the convergence rule)."""
+
+    params: np.ndarray
+    small_steps: int = 0
+
+
+def step(state: State, t: int, *, o: Options, est, family, key: jax.Array,
+         ledger: OracleLedger) -> StepOutcome:
+    """Iteration t: a stochastic gradient, truncated CG on the damped Newton system, the step
+    (capped at ``max_step_norm``), and the small-step convergence count."""
+    params = state.params
+    try:
+        ge = gradient_with_redraws(est, params, purpose_key(key, t, "gradient"), o.n_grad,
+                                   o.max_gradient_drops_factor * o.n_grad)
+    except GradientFailure as exc:
+        ledger.redrawn(exc.evaluated)
+        return StepOutcome(state, None, ("failed",
+                                         f"overflow: the gradient failed at iteration {t}: {exc}"))
+    ledger.gradient(o.n_grad)
+    ledger.redrawn(ge.n_evaluated - o.n_grad)
+    eps_h = standard_normal(purpose_key(key, t, "hessian"), o.n_hess, family.dim)
+
+    def neg_hvp(v, _eps=eps_h, _params=params):
+        return -est.hvp(_params, _eps, v) + o.damping * v
+
+    maxiter = o.cg_maxiter or family.n_params
+    p, n_hvp, cg_status = truncated_cg(neg_hvp, ge.gradient, tol=o.cg_tol, maxiter=maxiter)
+    ledger.hvp(o.n_hess, n_hvp)
+    if cg_status == "non_finite" or not np.all(np.isfinite(p)):
+        return StepOutcome(state, None, (
+            "failed", f"overflow: non-finite conjugate-gradient values at iteration {t}"))
+    norm = float(np.linalg.norm(p))
+    if o.max_step_norm is not None and norm > o.max_step_norm:
+        p = p * (o.max_step_norm / norm)
+    new = params + p
+    if not np.all(np.isfinite(new)) or not np.all(np.isfinite(family.marginal_sd(new))):
+        return StepOutcome(state, None, (
+            "failed", f"overflow: the Newton step gave non-finite parameters at iteration {t}"))
+    if divergence(family, new):  # q ran away: never 'max_iters' with sd = inf (P2-1c)
+        sd = float(np.max(family.marginal_sd(new)))
+        return StepOutcome(state._replace(params=new), None, ("failed", (
+            f"overflow: q's scale grew without bound (sd {sd:.3g}) at iteration {t}: "
+            f"HFSGVI's undamped Newton steps are unstable, or the posterior may be improper "
+            f"(compare with method='trustvi', which tells the two apart)")))
+    row = dict(step_norm=norm, n_hvp=n_hvp, cg_status=cg_status,
+               grad_norm=float(np.linalg.norm(ge.gradient)), elbo=float(np.mean(ge.values)))
+    small_steps = state.small_steps
+    stop = None
+    if o.tol_rel_change is not None:
+        small_steps = small_steps + 1 if norm <= o.tol_rel_change * (1 + np.linalg.norm(new)) else 0
+        if small_steps >= 3:
+            stop = ("converged", "Newton steps below tol_rel_change for 3 iterations")
+    return StepOutcome(State(new, small_steps), row, stop)
+
+
 def _run(family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
     o = options
     est = context.estimator
-    dim = family.dim
     mu0, _ = context.initial_mean(o.init)
-    params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
-    maxiter = o.cg_maxiter or family.n_params
+    state = State(np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float))
     ledger = OracleLedger()
     trace = Trace(compile_clock=compile_clock(est))
-    trace.record(0, params, ledger)
-    status, message = "max_iters", f"reached max_iters={o.max_iters}"
-    small_steps = 0
-    for t in range(1, o.max_iters + 1):
-        try:
-            ge = gradient_with_redraws(est, params, purpose_key(key, t, "gradient"), o.n_grad,
-                                       o.max_gradient_drops_factor * o.n_grad)
-        except GradientFailure as exc:
-            ledger.redrawn(exc.evaluated)
-            status, message = "failed", f"overflow: the gradient failed at iteration {t}: {exc}"
-            break
-        ledger.gradient(o.n_grad)
-        ledger.redrawn(ge.n_evaluated - o.n_grad)
-        eps_h = standard_normal(purpose_key(key, t, "hessian"), o.n_hess, dim)
-
-        def neg_hvp(v, _eps=eps_h, _params=params):
-            return -est.hvp(_params, _eps, v) + o.damping * v
-
-        p, n_hvp, cg_status = truncated_cg(neg_hvp, ge.gradient, tol=o.cg_tol, maxiter=maxiter)
-        ledger.hvp(o.n_hess, n_hvp)
-        if cg_status == "non_finite" or not np.all(np.isfinite(p)):
-            status, message = "failed", f"overflow: non-finite conjugate-gradient values at iteration {t}"
-            break
-        norm = float(np.linalg.norm(p))
-        if o.max_step_norm is not None and norm > o.max_step_norm:
-            p = p * (o.max_step_norm / norm)
-        new = params + p
-        if not np.all(np.isfinite(new)) or not np.all(np.isfinite(family.marginal_sd(new))):
-            status, message = "failed", f"overflow: the Newton step gave non-finite parameters at iteration {t}"
-            break
-        params = new
-        if divergence(family, params):  # q ran away: never 'max_iters' with sd = inf (P2-1c)
-            sd = float(np.max(family.marginal_sd(params)))
-            status, message = "failed", (
-                f"overflow: q's scale grew without bound (sd {sd:.3g}) at iteration {t}: "
-                f"HFSGVI's undamped Newton steps are unstable, or the posterior may be improper "
-                f"(compare with method='trustvi', which tells the two apart)")
-            break
-        elbo_here = float(np.mean(ge.values))
-        trace.record(t, params, ledger, step_norm=norm, n_hvp=n_hvp, cg_status=cg_status,
-                     grad_norm=float(np.linalg.norm(ge.gradient)), elbo=elbo_here)
-        context.progress.update(t, elbo=elbo_here, oracle=ledger.scaled)
-        if o.tol_rel_change is not None:
-            small_steps = small_steps + 1 if norm <= o.tol_rel_change * (1 + np.linalg.norm(params)) else 0
-            if small_steps >= 3:
-                status, message = "converged", "Newton steps below tol_rel_change for 3 iterations"
-                break
-        if context.over_budget(ledger.scaled):
-            status, message = "budget", f"oracle budget {context.max_oracle_calls} spent"
-            break
-    return MethodResult(params=params, trace=trace, ledger=ledger, status=status, message=message)
+    trace.record(0, state.params, ledger)
+    state, _, status, message = iterate(
+        partial(step, o=o, est=est, family=family, key=key, ledger=ledger), state,
+        max_iters=o.max_iters, trace=trace, ledger=ledger, context=context)
+    return MethodResult(params=state.params, trace=trace, ledger=ledger, status=status,
+                        message=message)
