@@ -288,6 +288,7 @@ def print_table(records: list[PosteriorRecord], runs: list[StopRun]) -> None:
         if rec.status != "ok":
             print(f"{rec.status}: {rec.name}: {rec.reason}")
         elif rec.starts_agree is False:
-            print(f"note: {rec.name}: the optimum's starts end {rec.start_spread:.3f} nats apart "
-                  "(fixed draws; confirmed on fresh ones): some starts stop short, the best is "
-                  "kept")
+            spread = ("a start ended where the ELBO is -inf" if not rec.start_spread < 1e299
+                      else f"the starts end {rec.start_spread:.3f} nats apart")
+            print(f"note: {rec.name}: {spread} (fixed draws; checked on fresh ones): the best "
+                  "start is kept")
