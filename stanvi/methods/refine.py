@@ -40,7 +40,7 @@ import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, per_draw_gradients, valid_draws
 from stanvi.methods.base import OracleLedger
-from stanvi.optim.gltr import solve_gltr
+from stanvi.optim.gltr import solve_gltr, truncated
 
 
 class RefineResult(NamedTuple):
@@ -138,7 +138,9 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
         if newton.status == "non_finite":
             return RefineResult(params, False, False, it, float("inf"), gain,
                                 "a Hessian-vector product of the refinement was not finite")
-        decrement = float("inf") if newton.on_boundary else -float(newton.q_value)
+        # a solve cut short by the Krylov memory bound (large full-rank P) certifies nothing
+        decrement = (float("inf") if newton.on_boundary or truncated(newton, len(c))
+                     else -float(newton.q_value))
         if on_iteration is not None:
             on_iteration(it, params, float(values.mean()), decrement, delta)
         if decrement < tol:
