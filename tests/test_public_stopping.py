@@ -81,6 +81,9 @@ def test_end_to_end(fake_pdb, tmp_path, capsys):
     assert run.model == "tiny-bernoulli" and run.config == "trustvi:default" and run.seed == 0
     assert run.status == "converged" and abs(run.gap) < 0.1
     assert math.isfinite(run.to_one_nat_draws) and run.draw_evals > 0
+    # seconds to 1 nat count the warm start that runs before the trace's clock starts
+    assert 0.0 <= run.untraced_seconds <= run.run_time
+    assert run.untraced_seconds <= run.to_one_nat_seconds <= run.run_time + 1e-9
     assert ps.false_converged(runs) == []
 
     saved = json.loads(out.read_text())
