@@ -1,4 +1,5 @@
-"""What every method shares (DESIGN.md, "Conventions"; spec trustvi_hfsgvi_advi.md §3, §4.8):
+"""What every method shares (DESIGN.md, "Conventions"; docs/algorithms.md#oracle-calls,
+#random-keys, #trustvi-stopping):
 oracle accounting (:class:`OracleLedger`), the iteration trace (:class:`Trace`), random-key
 purposes (:func:`purpose_key`), the run context a method receives besides its options
 (:class:`RunContext`: initial point, budget, progress, the ELBO estimator) and the result a method
@@ -17,13 +18,15 @@ import numpy as np
 from stanvi.estimators.elbo import ElboEstimator
 from stanvi.progress import IterationProgress
 
-# Oracle prices of the TrustVI paper (§3): a 256-draw gradient = 1, an 85-draw HVP = 2,
+# Oracle prices of the TrustVI paper (Regier et al. 2017, §5; docs/algorithms.md#oracle-calls):
+# a 256-draw gradient = 1, an 85-draw HVP = 2,
 # a 128-draw ELBO-change estimate = 1.
 GRADIENT_BATCH = 256
 HVP_BATCH = 85
 CHANGE_BATCH = 128
 
-# Purposes of random draws; each iteration derives one independent key per purpose (§1.3).
+# Purposes of random draws; each iteration derives one independent key per purpose
+# (docs/algorithms.md#random-keys).
 PURPOSES = {"gradient": 0, "hessian": 1, "change": 2, "elbo": 3, "output": 4, "init": 5,
             "refine": 6, "check": 7}
 
@@ -34,7 +37,8 @@ def _fold_in_twice(key: jax.Array, iteration, purpose) -> jax.Array:
 
 
 def purpose_key(key: jax.Array, iteration: int, purpose: str) -> jax.Array:
-    """The key for one purpose in one iteration: never shared between roles (§1.3, test 14).
+    """The key for one purpose in one iteration: never shared between roles
+    (docs/algorithms.md#random-keys).
     (From Python, one jitted call: two eager ``fold_in`` dispatches cost ~1.5 ms; inside traced
     code, e.g. ADVI's compiled chunk, the plain function.)"""
     if isinstance(iteration, jax.core.Tracer):
@@ -53,7 +57,7 @@ def compile_clock(estimator) -> Callable[[], float] | None:
 @dataclass
 class OracleLedger:
     """Oracle calls in the paper's units (scaled by draws, and literal per call) and draw-level
-    evaluation counts (§3).  ``scaled`` is the primary figure."""
+    evaluation counts (docs/algorithms.md#oracle-calls).  ``scaled`` is the primary figure."""
 
     scaled: float = 0.0
     literal: float = 0.0
@@ -81,13 +85,15 @@ class OracleLedger:
 
     def screening(self, n_draws: int) -> None:
         """Log densities evaluated only to screen out failing draws (not an oracle call in the
-        paper's accounting, which charges nothing for redrawn draws, §3; counted as draws)."""
+        paper's accounting, which charges nothing for redrawn draws,
+        docs/algorithms.md#oracle-calls; counted as draws)."""
         self.screening_draws += n_draws
 
     def redrawn(self, n_draws: int) -> None:
         """Gradient draws evaluated beyond the ones a gradient uses: failed draws and the rest of
         the batch drawn to replace them (Stan's drop-and-redraw).  Not an oracle call in the
-        paper's accounting (§3 charges nothing for redrawn draws); counted as draws."""
+        paper's accounting (nothing is charged for redrawn draws,
+        docs/algorithms.md#oracle-calls); counted as draws."""
         self.redrawn_draws += int(n_draws)
 
     def model_evaluations(self) -> dict[str, int]:
@@ -101,7 +107,7 @@ class OracleLedger:
 
     def elbo_estimate(self, n_draws: int) -> None:
         """An ELBO estimate that is part of the algorithm (ADVI's checks): priced like an
-        ELBO-change estimate of the same size (§3)."""
+        ELBO-change estimate of the same size (docs/algorithms.md#oracle-calls)."""
         self.scaled += n_draws / CHANGE_BATCH
         self.literal += 1
         self.log_density_draws += n_draws
@@ -116,7 +122,8 @@ class OracleLedger:
 @dataclass
 class Trace:
     """Per-iteration records: method fields plus the ledger and wall time at that point, and the
-    iterate after the iteration (needed for evaluation ELBOs, spec §7.2).  Row 0 is the initial
+    iterate after the iteration (needed for evaluation ELBOs,
+    docs/algorithms.md#benchmark-protocol).  Row 0 is the initial
     iterate.
 
     Iterates are kept for every row up to ``keep_all`` rows and then on a geometric schedule
