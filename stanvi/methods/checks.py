@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from stanvi.estimators.elbo import standard_normal
+from stanvi.methods.base import purpose_key
+
 # An unconstrained posterior sd above 1e10 (or a mean beyond 1e15) is no posterior a Stan model
 # describes: it is what maximizing an ELBO that is unbounded above looks like (the entropy of q
 # grows forever when ∫p is infinite), long before float64 overflows.
@@ -131,3 +134,30 @@ def support_failure_message(fraction: float, message: str, *, accepted: int | No
     return (f"the model fails at {100 * fraction:.0f}% of q's draws ({message!r}): {moved}a "
             f"Gaussian approximation cannot cover this posterior's support, and its ELBO is -inf "
             f"(constrain the parameter, e.g. with <upper=...>, instead of reject())")
+
+
+def honest_outcome(target, family, params, key, status: str, message: str, counts: dict,
+                   info: dict, ledger) -> tuple[str, str]:
+    """A trust-region method's final (status, message), made honest (issue P2-1c):
+    ``failed`` with the reason when q ran away (an improper posterior) or when a run that
+    did not converge — or never accepted a step — ended with the model failing on ≥ 1% of q's
+    draws (1,024 draws, one batched call; the fraction goes to ``info``)."""
+    if status == "failed" and message.startswith("diverged"):
+        return status, message
+    runaway = divergence(family, params)
+    if runaway:
+        return "failed", runaway
+    never_moved = counts["accepted"] == 0 and counts["rejected_failure"] > 0
+    if status in ("converged", "budget") and not never_moved:
+        return status, message
+    eps = standard_normal(purpose_key(key, 0, "elbo"), 1024, family.dim)
+    fraction, model_message = support_failures(target, family, params, eps, ledger)
+    info["failing_fraction"] = fraction
+    if fraction >= 0.01:
+        return "failed", (support_failure_message(fraction, model_message,
+                                                  accepted=counts["accepted"])
+                          + f" [TrustVI: {message}]")
+    if never_moved and status == "converged" and "refined:" not in message:
+        # (a stop the refinement certified stands: the warm start may already sit at the optimum)
+        return "max_iters", f"no step was ever accepted ({message})"
+    return status, message

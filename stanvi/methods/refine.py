@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, per_draw_gradients, valid_draws
-from stanvi.methods.base import OracleLedger
+from stanvi.methods.base import OracleLedger, purpose_key
 from stanvi.optim.gltr import solve_gltr, truncated
 
 
@@ -188,3 +188,49 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
     return RefineResult(params, False, False, max_iters, decrement, gain,
                         f"the refinement did not reach a Newton decrement below {tol:g} nats "
                         f"in {max_iters} iterations (last {decrement:.3g})")
+
+
+def refine_after_stop(est, family, params, o, key, ledger, trace, k: int, delta: float,
+                      message: str, info: dict, context) -> tuple[np.ndarray, str, str]:
+    """Certify a stochastic method's stop (TrustVI's options ``o``: ``refine_draws``,
+    ``refine_hess``, ``refine_tol``, ``refine_max_iters``, ``refine_delta0``, ``metric``,
+    ``max_gradient_drops_factor``) by refining on ``refine_draws`` fixed draws (:func:`refine`); the refinement's iterations continue the trace
+    (``phase="refine"``).  Returns (params, status, message): ``converged`` only when the
+    fixed-draw Newton decrement fell below ``refine_tol``; otherwise ``max_iters`` with the
+    reason, and the refined iterate (never worse on the fixed draws than the stopping point)."""
+    def record(it, p, elbo, decrement, radius):
+        trace.record(k + it, p, ledger, phase="refine", elbo=elbo, newton_gain=decrement,
+                     delta=radius)
+
+    # retrospective approximation (Pasupathy 2010): a cheap stage on fewer draws solved to its
+    # own statistical accuracy (~P/(2N) nats), then the certifying stage warm-started from it
+    # full rank: a stage needs more draws than dimensions (2(D + 1), refine.hessian_draws):
+    # on N ≤ D fixed draws the sample-average ELBO is unbounded (L grows orthogonally to every
+    # draw, the entropy with it) and its Hessian singular (D = 1,000: a 512-draw first stage
+    # ran Krylov-limited solves for minutes; issue 17 item 6)
+    least = max(256, hessian_draws(family, 0))
+    stages = ([n for n in (o.refine_draws // 8,) if n >= least]
+              + [max(o.refine_draws, hessian_draws(family, 0))])
+    gain = 0.0
+    iterations = 0
+    radius = max(delta, o.refine_delta0)
+    for i, n in enumerate(stages):
+        final = i == len(stages) - 1
+        tol = o.refine_tol if final else max(o.refine_tol, 0.5 * len(params) / n)
+        res = refine(est, family, params, key=purpose_key(key, i, "refine"), ledger=ledger,
+                     n_draws=n, n_hess=min(o.refine_hess, n), tol=tol,
+                     max_iters=o.refine_max_iters, delta0=radius,
+                     max_drops=o.max_gradient_drops_factor * n, metric=o.metric,
+                     on_iteration=lambda it, *a, _done=iterations: record(_done + it, *a),
+                     over_budget=lambda: context.over_budget(ledger.scaled))
+        params, gain, iterations = res.params, gain + res.gain, iterations + res.iterations
+        if not res.converged:
+            break
+    info.update(refine_iterations=iterations, refine_gain=gain, refine_decrement=res.decrement)
+    if res.converged:
+        return res.params, "converged", f"{message}; refined: {res.message}"
+    if res.over_budget:
+        return res.params, "budget", (f"oracle budget {context.max_oracle_calls} spent in the "
+                                      f"refinement after TrustVI's stop ({message})")
+    return res.params, "max_iters", (f"TrustVI's stopping rule fired ({message}) but the "
+                                     f"refinement could not certify convergence: {res.message}")

@@ -61,8 +61,8 @@ from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, stan
                                     valid_draws)
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
-from stanvi.methods.checks import divergence, support_failure_message, support_failures
-from stanvi.methods.refine import hessian_draws, refine
+from stanvi.methods.checks import divergence, honest_outcome
+from stanvi.methods.refine import refine_after_stop
 from stanvi.methods.warm_start import laplace_start
 from stanvi.optim.gltr import certified_newton_gain, solve_gltr, solve_subspace_reuse
 from stanvi.optim.jackknife import jackknife_snr, update_replication
@@ -431,80 +431,9 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     info = {**counts, **start_info, "final_delta": state.delta, "final_r": state.r,
             "final_n_change": state.n_change}
     if status == "converged" and o.refine_draws:
-        params, status, message = _refine_after_stop(est, family, params, o, key, ledger, trace,
-                                                     k, state.delta, message, info, context)
-    status, message = _honest_outcome(target, family, params, key, status, message, counts,
-                                      info, ledger)
+        params, status, message = refine_after_stop(est, family, params, o, key, ledger, trace,
+                                                    k, state.delta, message, info, context)
+    status, message = honest_outcome(target, family, params, key, status, message, counts,
+                                     info, ledger)
     return MethodResult(params=params, trace=trace, ledger=ledger, status=status, message=message,
                         info=info)
-
-
-def _honest_outcome(target, family, params, key, status: str, message: str, counts: dict,
-                    info: dict, ledger: OracleLedger) -> tuple[str, str]:
-    """``failed`` with the reason when q ran away (an improper posterior) or when a run that
-    did not converge — or never accepted a step — ended with the model failing on ≥ 1% of q's
-    draws (1,024 draws, one batched call; the fraction goes to ``info``)."""
-    if status == "failed" and message.startswith("diverged"):
-        return status, message
-    runaway = divergence(family, params)
-    if runaway:
-        return "failed", runaway
-    never_moved = counts["accepted"] == 0 and counts["rejected_failure"] > 0
-    if status in ("converged", "budget") and not never_moved:
-        return status, message
-    eps = standard_normal(purpose_key(key, 0, "elbo"), 1024, family.dim)
-    fraction, model_message = support_failures(target, family, params, eps, ledger)
-    info["failing_fraction"] = fraction
-    if fraction >= 0.01:
-        return "failed", (support_failure_message(fraction, model_message,
-                                                  accepted=counts["accepted"])
-                          + f" [TrustVI: {message}]")
-    if never_moved and status == "converged" and "refined:" not in message:
-        # (a stop the refinement certified stands: the warm start may already sit at the optimum)
-        return "max_iters", f"no step was ever accepted ({message})"
-    return status, message
-
-
-def _refine_after_stop(est, family, params, o: Options, key, ledger, trace, k: int,
-                       delta: float, message: str, info: dict, context: RunContext):
-    """Certify the stop by refining on ``refine_draws`` fixed draws
-    (:func:`stanvi.methods.refine.refine`); the refinement's iterations continue the trace
-    (``phase="refine"``).  Returns (params, status, message): ``converged`` only when the
-    fixed-draw Newton decrement fell below ``refine_tol``; otherwise ``max_iters`` with the
-    reason, and the refined iterate (never worse on the fixed draws than the stopping point)."""
-    def record(it, p, elbo, decrement, radius):
-        trace.record(k + it, p, ledger, phase="refine", elbo=elbo, newton_gain=decrement,
-                     delta=radius)
-
-    # retrospective approximation (Pasupathy 2010): a cheap stage on fewer draws solved to its
-    # own statistical accuracy (~P/(2N) nats), then the certifying stage warm-started from it
-    # full rank: a stage needs more draws than dimensions (2(D + 1), refine.hessian_draws):
-    # on N ≤ D fixed draws the sample-average ELBO is unbounded (L grows orthogonally to every
-    # draw, the entropy with it) and its Hessian singular (D = 1,000: a 512-draw first stage
-    # ran Krylov-limited solves for minutes; issue 17 item 6)
-    least = max(256, hessian_draws(family, 0))
-    stages = ([n for n in (o.refine_draws // 8,) if n >= least]
-              + [max(o.refine_draws, hessian_draws(family, 0))])
-    gain = 0.0
-    iterations = 0
-    radius = max(delta, o.refine_delta0)
-    for i, n in enumerate(stages):
-        final = i == len(stages) - 1
-        tol = o.refine_tol if final else max(o.refine_tol, 0.5 * len(params) / n)
-        res = refine(est, family, params, key=purpose_key(key, i, "refine"), ledger=ledger,
-                     n_draws=n, n_hess=min(o.refine_hess, n), tol=tol,
-                     max_iters=o.refine_max_iters, delta0=radius,
-                     max_drops=o.max_gradient_drops_factor * n, metric=o.metric,
-                     on_iteration=lambda it, *a, _done=iterations: record(_done + it, *a),
-                     over_budget=lambda: context.over_budget(ledger.scaled))
-        params, gain, iterations = res.params, gain + res.gain, iterations + res.iterations
-        if not res.converged:
-            break
-    info.update(refine_iterations=iterations, refine_gain=gain, refine_decrement=res.decrement)
-    if res.converged:
-        return res.params, "converged", f"{message}; refined: {res.message}"
-    if res.over_budget:
-        return res.params, "budget", (f"oracle budget {context.max_oracle_calls} spent in the "
-                                      f"refinement after TrustVI's stop ({message})")
-    return res.params, "max_iters", (f"TrustVI's stopping rule fired ({message}) but the "
-                                     f"refinement could not certify convergence: {res.message}")
