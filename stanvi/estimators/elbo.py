@@ -1,5 +1,5 @@
 """Monte Carlo ELBO estimators for a Gaussian family over a target's JAX log density
-(spec trustvi_hfsgvi_advi.md §1.1–§1.3, §6).
+(docs/algorithms.md#elbo, #meanfield, #fullrank, #random-keys, #failed-draws).
 
 With fixed base draws ε_1..ε_n the estimate L̂(λ) = mean_j ℓ(λ; ε_j), with
 ℓ(λ; ε) = log p(g(λ, ε)) + H(q_λ), is a smooth deterministic function of λ; everything here is
@@ -204,7 +204,8 @@ class ElboEstimator:
     def values_and_grads(self, params, eps, *, bucketed: bool = False
                          ) -> tuple[np.ndarray, np.ndarray]:
         """ℓ(λ; ε_j) (n,) and the per-draw gradients G_j = ∇_λ ℓ(λ; ε_j) (n, P), entropy
-        gradient included (§1.1: ∂/∂μ = g, ∂/∂ω = g ⊙ σ ⊙ ε + 1)."""
+        gradient included (mean-field: ∂/∂μ = g, ∂/∂ω = g ⊙ σ ⊙ ε + 1;
+        docs/algorithms.md#meanfield)."""
         v, g = self._row_call("values_and_grads", (params, eps), bucketed)
         return np.asarray(v), np.asarray(g)
 
@@ -221,11 +222,12 @@ class ElboEstimator:
         return np.asarray(self._entropy_grad(params))
 
     def hvp(self, params, eps, direction) -> np.ndarray:
-        """∇²L̂(λ) v for the fixed draws ``eps`` (§1.1 / §6)."""
+        """∇²L̂(λ) v for the fixed draws ``eps`` (docs/algorithms.md#meanfield, #fullrank)."""
         return np.asarray(self._hvp(params, eps, direction))
 
     def pair_differences(self, new, old, eps, *, bucketed: bool = False) -> np.ndarray:
-        """Matched-pair ELBO changes ℓ(λ'; ε_i) − ℓ(λ; ε_i) (§4.1 step 5), one batched call of
+        """Matched-pair ELBO changes ℓ(λ'; ε_i) − ℓ(λ; ε_i) (TrustVI paper Eq. 8;
+        docs/algorithms.md#trustvi-assessment), one batched call of
         2n log densities; the entropy difference is exact."""
         return np.asarray(self._row_call("pair_differences", (new, old, eps), bucketed))
 
@@ -328,8 +330,8 @@ def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
     """A stochastic ELBO gradient from n valid draws.
 
     A draw whose value or gradient is non-finite is dropped and replaced by a fresh one, as
-    Stan's ``calc_grad`` does (§2.3); when ``max_drops`` draws have failed, raises
-    :class:`GradientFailure` with the count.
+    Stan's ``calc_grad`` does (docs/algorithms.md#failed-draws); when ``max_drops`` draws have
+    failed, raises :class:`GradientFailure` with the count.
     """
     if _factored(est):
         # full rank: keep (g_i, ε_i) per draw, never the (n, P) matrix (FullRankRows)

@@ -1,14 +1,15 @@
-"""Gaussian variational families in the unconstrained space (spec trustvi_hfsgvi_advi.md §1).
+"""Gaussian variational families in the unconstrained space (docs/algorithms.md#elbo).
 
 A family is a small frozen (hashable) object whose methods are pure JAX functions of a flat
 parameter vector λ, so that estimators can be ``jax.jit``-compiled with the family as a static
 argument.  Sampling is reparameterized: ``z = g(λ, ε)`` with ``ε ~ N(0, I_D)``.
 
-* :class:`MeanField`: λ = (μ, ω), σ = exp(ω), z = μ + σ ⊙ ε (§1.1).
-* :class:`FullRank`: λ = (μ, vech(L)), z = μ + L ε with L lower triangular (§1.2).
+* :class:`MeanField`: λ = (μ, ω), σ = exp(ω), z = μ + σ ⊙ ε (docs/algorithms.md#meanfield).
+* :class:`FullRank`: λ = (μ, vech(L)), z = μ + L ε with L lower triangular
+  (docs/algorithms.md#fullrank).
   ``diagonal="stan"`` keeps Stan's parameterization (the diagonal is unconstrained and may be
   negative; entropy uses log|L_dd|); ``diagonal="log"`` stores ω with L_dd = exp(ω_d), which keeps
-  the scale positive and the entropy linear (the variant §1.2 recommends for TrustVI).
+  the scale positive and the entropy linear (the variant stanvi uses for TrustVI and HFSGVI).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class MeanField:
         return 2 * self.dim
 
     def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
-        """λ₀ = (μ₀, ω₀·1): Stan ADVI uses ω₀ = 0 (§2.2), the TrustVI paper ω₀ = −1 (§4.2)."""
+        """λ₀ = (μ₀, ω₀·1): Stan ADVI uses ω₀ = 0 (docs/algorithms.md#advi-init), the TrustVI
+        authors' code ω₀ = −1 (#trustvi-constants)."""
         return np.concatenate([np.asarray(mu0, dtype=float), np.full(self.dim, float(log_scale0))])
 
     def split(self, params: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -47,7 +49,7 @@ class MeanField:
         return mu + jnp.exp(omega) * eps
 
     def entropy(self, params: jax.Array) -> jax.Array:
-        """H(q) = D/2 (1 + log 2π) + Σ ω (§1.1)."""
+        """H(q) = D/2 (1 + log 2π) + Σ ω (docs/algorithms.md#meanfield)."""
         _, omega = self.split(params)
         return 0.5 * self.dim * (1.0 + _LOG_2PI) + jnp.sum(omega)
 
@@ -105,7 +107,8 @@ class FullRank:
         return np.tril_indices(self.dim)
 
     def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
-        """λ₀ = (μ₀, L₀ = exp(ω₀) I); Stan ADVI starts full-rank from L₀ = I (§2.2)."""
+        """λ₀ = (μ₀, L₀ = exp(ω₀) I); Stan ADVI starts full-rank from L₀ = I
+        (docs/algorithms.md#advi-init)."""
         rows, cols = self._tril()
         diag = rows == cols
         vech = np.zeros(len(rows))
@@ -142,7 +145,7 @@ class FullRank:
         return jnp.where(d == 0.0, 0.0, jnp.log(jnp.abs(jnp.where(d == 0.0, 1.0, d))))
 
     def entropy(self, params: jax.Array) -> jax.Array:
-        """H(q) = D/2 (1 + log 2π) + Σ log|L_dd| (§1.2)."""
+        """H(q) = D/2 (1 + log 2π) + Σ log|L_dd| (docs/algorithms.md#fullrank)."""
         return 0.5 * self.dim * (1.0 + _LOG_2PI) + jnp.sum(self._log_abs_diag(params))
 
     def log_q(self, params: jax.Array, z: jax.Array) -> jax.Array:

@@ -1,33 +1,35 @@
 """TrustVI: stochastic trust-region optimization of the ELBO (Regier, Jordan & McAuliffe,
-NeurIPS 2017, Algorithm 1; spec trustvi_hfsgvi_advi.md §4).
+NeurIPS 2017, Algorithm 1 and §3; docs/algorithms.md#trustvi — the ``#anchors`` below are
+sections of docs/algorithms.md).
 
 Each iteration k:
 
-1. a fresh stochastic gradient g_k from n_g = n_g⁰·r draws (failed draws redrawn, §4.3), and the
-   jackknife signal-to-noise test that doubles or halves the replication factor r (§4.3);
+1. a fresh stochastic gradient g_k from n_g = n_g⁰·r draws (failed draws redrawn), and the
+   jackknife signal-to-noise test that doubles or halves the replication factor r (paper §3.2,
+   #trustvi-gradient);
 2. a Hessian operator H_k: a fresh Monte Carlo sample of n_h = n_h⁰·r draws, or, after a
    rejection, the previous one reused (at most ``hessian_max_reuse`` times, "subspace" reuse
-   costing one HVP, §4.4);
+   costing one HVP; paper §3.2, #hessian-reuse);
 3. the trust-region subproblem max_{‖s‖≤δ} gᵀs + ½sᵀHs by GLTR/Lanczos (default), Steihaug-CG or
-   a dense solve, giving the model improvement m' (§4.5);
-4. the λ-test: if η m' < λ δ², reject at once without sampling (§4.1 step 4);
+   a dense solve, giving the model improvement m' (Eq. 4, #trust-region-subproblem);
+4. the λ-test: if η m' < λ δ², reject at once without sampling (paper §3.3.1, N_k = 0);
 5. otherwise N_k matched pairs ℓ(λ+s; e_i) − ℓ(λ; e_i) estimate the ELBO change ℓ'; accept iff
-   ℓ' ≥ η m' (Eq. 10); any non-finite value rejects (§4.7);
+   ℓ' ≥ η m' (Eqs. 8–10); any non-finite value rejects (#non-finite);
 6. radius: δ ← min(γδ, δ_max) on acceptance, δ/γ otherwise; N_{k+1} from Inequalities 11 and 13
-   with the retrospective policy (§4.6).
+   with the retrospective policy (#sample-size).
 
 Profiles (``PROFILES``):
 
 * ``paper``: the paper's constants and batch sizes (256-draw gradients, 85-draw Hessians,
   128 initial ELBO-change pairs), δ₀ = 0.1, 500 iterations, stop when δ < 1e-4 — the setting
-  whose oracle counts the paper reports (§4.2).
+  whose oracle counts the paper reports (paper §5, Table 1; #trustvi-constants).
 * ``default``: the same algorithm and safeguards, tuned for wall time on a CPU, where every draw
   costs (issue P1-2, "Beyond the paper"): small starting batches (n_g⁰ = 16, n_h⁰ = 8,
   N₀ = 16) that the paper's own adaptation rules (jackknife, Inequalities 11/13) grow when the
   noise demands it, up to r ≤ 64 and N ≤ 1024, δ₀ = 1, plus the norm test of Byrd, Chin,
   Nocedal & Wu (2012) in the batch rule (``norm_test``, see
   :func:`~stanvi.optim.jackknife.update_replication`), and the stopping rule below.
-* ``reference_code``: the authors' code's rules (spec §4.9), for ablations: ratio acceptance
+* ``reference_code``: the authors' code's rules (#reference-code), for ablations: ratio acceptance
   ρ = ℓ'/m' ≥ η without the λ-test, a warm-up that accepts nothing until δ has grown and
   shrunk once (with unlimited Hessian reuse meanwhile), δ doubled when ρ ≥ η and ‖s‖ > 0.7δ
   and halved otherwise whether or not the step is accepted, Inequality 11 without its factor 2
@@ -35,7 +37,7 @@ Profiles (``PROFILES``):
   (floor N₀).  [R]'s trlib iteration caps (10·D Krylov steps) are not reproduced: GLTR here
   stops at D.
 
-Stopping rule (§4.8: the paper defines none beyond δ < δ_min and the iteration cap):
+Stopping rule (#trustvi-stopping: the paper defines none beyond δ < δ_min and the iteration cap):
 ``converged`` when δ < δ_min (every step of useful size is being rejected); when ``tol_model``
 is set (default profile), when the quadratic model's *Newton step* predicts less than
 ``tol_model`` nats of gain on ``tol_model_iters`` consecutive iterations — m' for an interior
@@ -43,9 +45,10 @@ solve, the Newton gain over the solver's Krylov subspace for a boundary solve
 (:func:`~stanvi.optim.trust_region.newton_gain`), never the radius-limited gain, so a radius that collapsed after
 rejections cannot fake convergence; or, when ``stall_stop`` is on, when the sample size the
 theory asks for, N*, exceeds N_max on ``stall_iters`` consecutive assessed iterations (the
-gradient is indistinguishable from Monte Carlo noise at the largest affordable sample, §4.6);
-``max_iters``; ``budget``; ``failed`` when a gradient fails after Stan's redraw limit (status
-``failed_gradient`` in the spec).
+gradient is indistinguishable from Monte Carlo noise at the largest affordable sample,
+#sample-size);
+``max_iters``; ``budget``; ``failed`` when a gradient fails after Stan's redraw limit (the
+message starts with ``failed_gradient``).
 """
 
 from __future__ import annotations
@@ -76,11 +79,11 @@ from stanvi.optim.trust_region import (TRResult, newton_gain, scaled_problem,
 @dataclass(frozen=True)
 class Options:
     """TrustVI options; defaults are the ``paper`` profile (sources: [P] paper, [R] the authors'
-    code, [C] stanvi's choice; see spec §4.2)."""
+    code, [C] stanvi's choice; see docs/algorithms.md#trustvi-constants and #provenance)."""
 
     eta: float = 0.25                 # model-fitness threshold, (0, 1/2] [P]; 0.25 [R]
     gamma: float = 2.0                # radius expansion factor [R]
-    lam: float = 1e-3                 # radius constraint λ of the λ-test [C] (spec §4.2)
+    lam: float = 1e-3                 # radius constraint λ of the λ-test [C] (#trustvi-constants)
     alpha: float = 5.0                # radius/objective trade-off in φ_k [R]
     nu1: float = 0.5                  # sampling-rate trade-off, (0, 1−η) [C]
     zeta1: float = 0.7                # probability of accepting a good step, (2/3, 1) [C]
@@ -93,7 +96,7 @@ class Options:
     n_change0: int = 128              # initial ELBO-change pairs N₀ [P]
     n_change_max: int = 4096          # N_max = 32 × 128 [R]
     r_max: int = 32                   # replication factor cap [R]
-    solver: str = "gltr"              # 'gltr' | 'steihaug' | 'dense' (§4.5)
+    solver: str = "gltr"              # 'gltr' | 'steihaug' | 'dense' (#trust-region-subproblem)
     tol_interior: float = 1e-2        # GLTR/CG relative tolerance, interior [R: trlib tol_rel_i]
     tol_boundary: float = 1e-1        # GLTR tolerance on the boundary [R: trlib tol_rel_b]
     hessian_max_reuse: int = 2        # consecutive reuses after rejections [P, R]
@@ -106,14 +109,14 @@ class Options:
     norm_test: float | None = None    # also grow r when MC noise > ν²‖∇L‖² (Byrd et al. 2012) [C]
     init: str = "zero"                # initial mean when none is given: 'zero' [R] | 'random'
     log_scale0: float = -1.0          # initial ω (σ = e^{-1}) [R]
-    fullrank_diagonal: str = "log"    # full-rank family parameterization (§1.2) [C]
+    fullrank_diagonal: str = "log"    # full-rank family parameterization (#fullrank) [C]
     max_gradient_drops_factor: int = 10  # a gradient fails after 10·n dropped draws (as Stan) [S]
-    # the reference_code profile's deviations (§4.9); the defaults are the paper's rules
+    # the reference_code profile's deviations (#reference-code); the defaults are the paper's rules
     acceptance: str = "paper"         # 'paper': ℓ' ≥ ηm' ≥ λδ² | 'ratio': ℓ'/m' ≥ η, no λ-test [R]
     radius_rule: str = "paper"        # 'paper': γ on acceptance, 1/γ otherwise | 'reference' [R]
     warmup: bool = False              # accept nothing until δ has grown and shrunk once [R]
     ineq11_factor_two: bool = True    # [R] omits the factor 2 of Inequality 11
-    n_change_policy: str = "retrospective"  # 'retrospective' (§4.6) | 'reference' [R]
+    n_change_policy: str = "retrospective"  # 'retrospective' (#sample-size) | 'reference' [R]
     # stanvi's additions for ill-conditioned posteriors (docs/methods.md, "Why `default` changed")
     metric: str = "euclidean"         # trust-region norm: 'euclidean' [P] | 'fisher' (q's Fisher diagonal) [C]
     certify_tol: float | None = None  # before stopping on tol_model, re-solve to this residual [C]
@@ -159,7 +162,7 @@ PROFILES: dict[str, dict] = {
                 "metric": "fisher", "certify_tol": 1e-6, "gain_estimate": "split",
                 "refine_draws": 4096, "warm_start": "laplace", "delta_min": 1e-2,
                 "handover_batch": 512},
-    # faithful to the authors' code [R] (spec §4.9), for ablations
+    # faithful to the authors' code [R] (docs/algorithms.md#reference-code), for ablations
     "reference_code": {"acceptance": "ratio", "radius_rule": "reference", "warmup": True,
                        "ineq11_factor_two": False, "lam": 2.0, "nu1": 1.0, "zeta1": 2.0 / 3.0,
                        "n_change_policy": "reference"},

@@ -1,6 +1,7 @@
 """Jackknife signal-to-noise check of the stochastic gradient and the adaptive replication
-factor (spec trustvi_hfsgvi_advi.md §4.3; follows the reference code, which works with the
-squared norm ‖∇L‖²).
+factor (Regier, Jordan & McAuliffe 2017, §3.2; Efron & Stein 1981;
+docs/algorithms.md#trustvi-gradient; follows the authors' code, which works with the squared
+norm ‖∇L‖²).
 
 With per-draw gradients ``G_i`` (n×p), ``S = Σ G_i`` and ``Q = Σ ‖G_i‖²``:
 
@@ -23,7 +24,7 @@ __all__ = ["JackknifeResult", "jackknife_snr", "update_replication"]
 
 class JackknifeResult(NamedTuple):
     """``theta_hat``: U-statistic estimate of ``‖∇L‖²``; ``sd``: its jackknife standard
-    deviation ``√v_jk`` (§4.3)."""
+    deviation ``√v_jk`` (docs/algorithms.md#trustvi-gradient)."""
 
     theta_hat: float
     sd: float
@@ -31,7 +32,8 @@ class JackknifeResult(NamedTuple):
 
 
 def jackknife_snr(G: np.ndarray) -> JackknifeResult:
-    """θ̂ and the jackknife standard deviation from per-draw gradients ``G`` (n×p), §4.3.
+    """θ̂ and the jackknife standard deviation from per-draw gradients ``G`` (n×p)
+    (docs/algorithms.md#trustvi-gradient).
 
     Numerically we use the equivalent centred forms: ``θ̂ = ‖Ḡ‖² − tr(Σ̂)/n`` with the unbiased
     sample covariance ``Σ̂``, and ``θ̂_(i) − mean θ̂_(·) = (2/((n−1)(n−2)))·(−(G_i − Ḡ)ᵀS +
@@ -75,7 +77,7 @@ def _from_moments(n: int, mean: np.ndarray, sq_c: np.ndarray,
 
 def update_replication(r: int, theta_hat: float, sd: float, r_max: int = 32, *,
                        noise: float | None = None, norm_test: float | None = None) -> int:
-    """Replication-factor rule of §4.3.
+    """Replication-factor rule (docs/algorithms.md#trustvi-gradient).
 
     If ``θ̂ − sd < 0`` and ``r < r_max``: ``r ← 2r`` (capped at ``r_max``); else if
     ``θ̂ − 3sd > 0`` and ``r > 1``: ``r ← r/2``; otherwise keep ``r``. Non-finite inputs keep
