@@ -1,5 +1,6 @@
 """``stanvi bench methods``: TrustVI vs ADVI vs HFSGVI on the stan_models set, following the TrustVI
-paper's protocol (spec trustvi_hfsgvi_advi.md §7.2) plus laptop-cost figures (issue P1-2).
+paper's protocol (Regier, Jordan & McAuliffe 2017, §5; docs/algorithms.md#benchmark-protocol)
+plus laptop-cost figures (issue P1-2).
 
 For every model and method configuration it runs ``seeds`` fits and keeps the median run by final
 ELBO (a failed run ranks as −inf).  ELBOs are evaluated with fixed draws shared by all runs and
@@ -84,7 +85,7 @@ def _log_spaced(n: int, k: int) -> np.ndarray:
 def _evaluate(est, params, eps, screen: int = 200) -> float:
     """The ELBO estimate at ``params`` with the fixed draws ``eps``.  Draws where the model
     cannot be evaluated (a ``reject()``, a domain error) are dropped, as Stan's ADVI does in
-    its ELBO (spec §2.3); if more than half of them fail, −inf.
+    its ELBO (docs/algorithms.md#failed-draws); if more than half of them fail, −inf.
 
     The first ``screen`` draws are evaluated first and a point where most of them fail is −inf
     at once: in the long benchmark process a C++ exception from the model cost about 1 ms
@@ -131,7 +132,7 @@ def median_run(runs: list[RunSummary]) -> RunSummary:
 
 def first_consistent(run: RunSummary, threshold: float) -> int | None:
     """Index into the trace points of the first point after which every evaluated ELBO is
-    ≥ threshold (spec §7.2); None if there is none."""
+    ≥ threshold (docs/algorithms.md#benchmark-protocol); None if there is none."""
     above = run.trace_elbo >= threshold
     if not above[-1]:
         return None
@@ -312,7 +313,7 @@ def markdown_summary(report: dict) -> str:
 
     lines = ["### Median final ELBO (failed runs of 5 in brackets)", "",
              *_config_table(report, cfgs, final_cell, with_dim=True)]
-    lines += ["", "### Oracle calls to the threshold (paper protocol, §7.2)", "",
+    lines += ["", "### Oracle calls to the threshold (paper protocol, TrustVI §5)", "",
               "| model | pair | threshold | ADVI/HFSGVI calls | TrustVI calls | ratio |",
               "|---|---|---|---|---|---|"]
     for name, r in report.items():

@@ -6,8 +6,8 @@ fitted with each configuration over ``seeds`` seeds, and for each run:
 * status, and the gap optimum − final ELBO (final ELBO on 10,000 draws shared by all runs of the
   model, failing draws dropped as Stan does);
 * draw-level evaluations and run time (wall less JAX compilation) until the trace is
-  consistently within 1 nat of the optimum (methods_bench's trace evaluation, §7.2 of the
-  protocol);
+  consistently within 1 nat of the optimum (methods_bench's trace evaluation,
+  docs/algorithms.md#benchmark-protocol);
 * where the optimum file gives the exact mean-field optimum (``"exact": true``), the largest
   |mean error| in units of the posterior sd (``posterior_sd``; the optimum's sd if absent) and
   the largest |sd / σ* − 1|.
