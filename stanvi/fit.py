@@ -305,6 +305,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     finally:
         bar.close()
     wall = time.perf_counter() - t1
+    compile_time = estimator.compile_seconds - compile_before   # within the run, as wall is
     if getattr(counter, "seconds", 0.0) > model_before:  # StanTarget times its batched calls
         result.info["model_seconds"] = counter.seconds - model_before
     if evaluations_before is not None and not isinstance(target, JaxTarget):
@@ -316,7 +317,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     fit_result = make_fit(target, fam, result, method=method, profile=profile or module.DEFAULT_PROFILE,
                     options=opts, seed=seed, key=key, n_draws=draws, wall_time=wall,
                     setup_time=setup_time, estimator=estimator)
-    fit_result.compile_time = estimator.compile_seconds - compile_before
+    fit_result.compile_time = compile_time
     _report_diagnostics(fit_result, progress)
     return fit_result
 

@@ -38,7 +38,7 @@ class GradientFailure(VIError):
 
 def elbo_term(family, log_density: Callable[[jax.Array], jax.Array]) -> Callable:
     """ℓ(λ; ε) = log p(g(λ, ε)) + H(q_λ) for one base draw ε (D,): the reparameterized ELBO
-    integrand (Kingma & Welling 2014; Kucukelbir et al. 2017, Eq. 8), whose mean over draws is
+    integrand (Kingma & Welling 2014; Kucukelbir et al. 2017), whose mean over draws is
     the ELBO estimate and whose gradient is the per-draw ELBO gradient.  The one definition every
     estimator differentiates."""
 

@@ -1,4 +1,4 @@
-"""Stan ADVI's two estimators (Kucukelbir et al. 2017, JMLR 18(14), §3.2, Eq. 8; Stan's
+"""Stan ADVI's two estimators (Kucukelbir et al. 2017, JMLR 18(14); Stan's
 ``normal_meanfield::calc_grad`` / ``normal_fullrank::calc_grad`` and ``advi::calc_ELBO``;
 docs/algorithms.md#advi): the stochastic ELBO gradient as JAX code (:func:`stan_calc_grad`),
 which :mod:`stanvi.methods.advi` compiles into its SGD chunks, and the ELBO estimate

@@ -2,7 +2,7 @@
 η chosen by ``advi::adapt_eta`` (:func:`select_eta`), and the convergence test of
 ``advi::stochastic_gradient_ascent``: the relative ELBO change over a circular buffer, its mean
 and "median" against ``tol_rel_obj`` (:class:`RelativeTolerance`; Kucukelbir et al. 2017, JMLR
-18(14), §3.3)."""
+18(14))."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stan ADVI's SGD steps as compiled chunks (Kucukelbir et al. 2017, JMLR 18(14), §3.2,
+"""Stan ADVI's SGD steps as compiled chunks (Kucukelbir et al. 2017, JMLR 18(14),
 Algorithm 1; Stan's ``advi::stochastic_gradient_ascent``; docs/algorithms.md#advi), for
 :mod:`stanvi.methods.advi`.
 

@@ -11,7 +11,10 @@ POST_FACTOR = 0.1
 
 
 def stan_step(params, s, g, k, eta):
-    """One step of Stan's adaptive step-size sequence (Kucukelbir et al. 2017, JMLR 18(14), §3.2.1, Eq. 10; Stan's ``advi::stochastic_gradient_ascent``; docs/algorithms.md#advi), elementwise over all parameters.
+    """One step of Stan's adaptive step-size sequence (Kucukelbir et al. 2017, JMLR 18(14),
+    "Automatic Differentiation Variational Inference", the step-size sequence of its stochastic
+    optimization section; Stan's ``advi::stochastic_gradient_ascent``;
+    docs/algorithms.md#advi-step-size), elementwise over all parameters.
 
     ``s_1 = s + g²`` (s is zero at k = 1: Stan's ``history += g²``),
     ``s_k = 0.9 s + 0.1 g²`` for k ≥ 2, ``ρ_k = η k^{-1/2} / (1 + √s_k)`` and
