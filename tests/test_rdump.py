@@ -90,3 +90,9 @@ def test_values_load_into_a_stan_model(tmp_path, load_target):
     data = parse_rdump("N <- 10\ny <- c(0, 1, 0, 0, 0, 0, 0, 0, 0, 1)\n")
     target = stanvi.load(stan_file("bernoulli"), data, progress=False)
     assert target.dim == 1
+
+
+def test_character_variables_are_left_out():
+    """example-models' radon data carry county names; Stan data cannot hold strings."""
+    d = parse_rdump('county_name <- c("AITKIN", "ANOKA")\nN <- 2\nx <- structure(c("a", "b"), .Dim = c(2))\n')
+    assert d == {"N": 2}

@@ -14,7 +14,10 @@ backquoted), separated by newlines or ``;``, where a value is
 Types follow Stan's rdump reader: a value is integer when every number in it is written without
 a decimal point or exponent (or with the ``L`` suffix), otherwise real.  ``NA`` has no Stan
 value: reading it raises :class:`RDumpNAError` naming the variable, so a batch run can record
-the model as skipped with that reason.
+the model as skipped with that reason.  Character values (``county_name <- c("AITKIN", ...)``,
+as some example-models data files carry for the reader's benefit) have no Stan type either: such
+a variable is left out of the result (a model that declares it then gets the data layer's
+"missing variable" error).
 
 :func:`read_rdump` returns Stan JSON values: ints and floats for scalars, nested row-major lists
 for arrays (``structure(c(1, 2, 3, 4, 5, 6), .Dim = c(2, 3))`` → ``[[1, 3, 5], [2, 4, 6]]``).
@@ -57,11 +60,12 @@ _TOKEN = re.compile(r"""
 class _Num:
     """A parsed number: its value and whether it was written as an integer."""
 
-    __slots__ = ("value", "is_int")
+    __slots__ = ("value", "is_int", "text")
 
-    def __init__(self, value: float, is_int: bool) -> None:
+    def __init__(self, value: float, is_int: bool, text: str | None = None) -> None:
         self.value = value
         self.is_int = is_int
+        self.text = text          # a character value (a string), which Stan data cannot hold
 
 
 def _tokenize(text: str, source: str) -> list[tuple[str, str, int]]:
@@ -89,6 +93,7 @@ class _Parser:
         self.i = 0
         self.source = source
         self.variable = ""
+        self.skipped: dict[str, str] = {}
 
     # -- token helpers
     def peek(self, skip_newlines: bool = False) -> tuple[str, str, int]:
@@ -137,7 +142,11 @@ class _Parser:
             kind, text, line = self.take()
             if kind != "assign":
                 raise self.error(f"expected '<-' after {name!r}, found {text!r}", line)
-            out[name] = _to_stan(self.value(), name, self.source)
+            value = self.value()
+            if _has_text(value):
+                self.skipped[name] = "character values (no Stan type): not read"
+            else:
+                out[name] = _to_stan(value, name, self.source)
             self.variable = ""
             kind, text, line = self.peek()
             if kind not in ("sep", "end"):
@@ -178,6 +187,8 @@ class _Parser:
         if kind == "number":
             is_int = text.endswith("L") or not any(ch in text for ch in ".eE")
             return _Num(sign * float(text.rstrip("L")), is_int)
+        if kind == "string":
+            return _Num(math.nan, False, text=text[1:-1])
         if kind == "name" and text in ("Inf", "NaN"):
             return _Num(sign * (math.inf if text == "Inf" else math.nan), False)
         if kind == "name" and text in ("TRUE", "FALSE", "T", "F"):
@@ -246,6 +257,11 @@ class _Parser:
         while self.tokens[j][0] == "sep" and self.tokens[j][1] == "\n":
             j += 1
         return j + 1
+
+
+def _has_text(value) -> bool:
+    items = value if isinstance(value, list) else value[0] if isinstance(value, tuple) else [value]
+    return any(v.text is not None for v in items)
 
 
 def _to_stan(value, name: str, source: str):
