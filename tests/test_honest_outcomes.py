@@ -338,3 +338,26 @@ def test_improper_probe_names_the_improper_direction(log_p, coordinate):
     message = improper_direction(_LogDensityOnly(log_p), mf, params, eps)
     assert message is not None and f"coordinate {coordinate} " in message
     assert "may be improper" in message
+
+
+def test_advi_runaway_is_blamed_on_the_steps_unless_the_probe_finds_an_improper_direction():
+    """A q that ran away is not proof of an improper posterior: posteriordb's mesquite (proper)
+    ran away under ADVI at eta = 100.  The probe from q0 along the runaway coordinates decides."""
+    import jax as _jax
+
+    from stanvi.methods import advi
+    from stanvi.methods.base import OracleLedger
+    from stanvi.targets import JaxTarget
+
+    mf = MeanField(2)
+    runaway = np.array([0.0, 0.0, 0.0, 200.0])          # sd e^200 along coordinate 2
+    q0 = np.zeros(4)
+    opts = advi.Options()
+    key = _jax.random.PRNGKey(0)
+    proper = JaxTarget(lambda z: -0.5 * jnp.sum(z ** 2), 2)
+    msg = advi._runaway_message(proper, mf, runaway, q0, key, opts, OracleLedger(), 100.0, "m")
+    assert msg.startswith("ADVI's steps diverged") and "eta = 100" in msg
+    assert "may be improper" not in msg and msg.endswith("(m)")
+    flat_in_2 = JaxTarget(lambda z: -0.5 * z[0] ** 2 + 0.0 * z[1], 2)
+    msg = advi._runaway_message(flat_in_2, mf, runaway, q0, key, opts, OracleLedger(), 1.0, "m")
+    assert "coordinate 2" in msg and "may be improper" in msg

@@ -52,7 +52,8 @@ from stanvi.methods.base import (MethodResult, OracleLedger, Trace, compile_cloc
 from stanvi.methods.advi_rules import DBL_MAX, RelativeTolerance, rel_difference, select_eta
 from stanvi.methods.advi_output import output_failure
 from stanvi.methods.advi_sgd import _chunk_for, advance, gradient_failure_message
-from stanvi.methods.checks import PROBE_DRAWS, divergence, improper_direction
+from stanvi.methods.checks import (PROBE_DRAWS, divergence, improper_direction,
+                                   runaway_coordinates)
 
 # Hard-coded in [S] advi.hpp / the families.
 
@@ -155,6 +156,27 @@ ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run
 # --------------------------------------------------------------------------------- ELBO
 class _BudgetSpent(Exception):
     """Internal: the oracle budget ran out inside an adaptation trial."""
+
+
+def _runaway_message(target, family, params, params0, key: jax.Array, opt: Options, ledger,
+                     eta: float, message: str) -> str:
+    """The failed gradient's message, explained when q ran away before it (stanvi's addition,
+    ``improper_check``).  A runaway alone does not tell an improper posterior from steps that
+    diverged (η too large: mesquite from posteriordb ran away at η = 100 with a proper posterior),
+    so the improper-direction probe decides, run from the finite q₀ along the coordinates where q
+    ran away."""
+    runaway = divergence(family, params) if opt.improper_check else None
+    if runaway is None:
+        return message
+    improper = improper_direction(
+        target, family, params0,
+        standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger,
+        coordinates=runaway_coordinates(family, params))
+    if improper is not None:
+        return f"{improper}; {runaway.split(':')[0]} ({message})"
+    return (f"ADVI's steps diverged: {runaway.split(':')[0]}, although q's ELBO does not keep "
+            f"rising as q widens there (so not an improper posterior): the step size "
+            f"eta = {eta:g} may be too large for this model ({message})")
 
 
 def _steps_within_budget(context, scaled: float, per_step: float, n: int) -> int:
@@ -311,8 +333,8 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
             info["sgd_iterations"] = state["t"] - sgd_start
             message = (f"{gradient_failure_message(family, chunk.fatal_kind, opt.grad_samples)} "
                        f"(SGD iteration {k + chunk.n_done + 1})")
-            runaway = divergence(family, state["params"]) if opt.improper_check else None
-            return result("failed", f"{runaway} ({message})" if runaway else message)
+            return result("failed", _runaway_message(target, family, state["params"], params0,
+                                                     key, opt, ledger, eta, message))
         params, s, k = chunk.params, chunk.s, k + n
         if k % opt.eval_elbo == 0:
             try:

@@ -50,7 +50,7 @@ PROBE_MIN_RISE = 0.5   # nats per step; a flat direction rises by log(100) = 4.6
 
 
 def improper_direction(target, family, params: np.ndarray, eps: np.ndarray,
-                       ledger=None) -> str | None:
+                       ledger=None, coordinates: np.ndarray | None = None) -> str | None:
     """A message when q's ELBO keeps rising as q is widened along one coordinate, else None.
 
     Why this decides propriety: widening q along unconstrained coordinate i by a factor c (the
@@ -63,7 +63,8 @@ def improper_direction(target, family, params: np.ndarray, eps: np.ndarray,
     ``PROBE_FACTOR`` (up to ×10¹² beyond q) marks a direction along which ∫p diverges.
 
     Only the ``PROBE_COORDINATES`` coordinates with the largest marginal sd are probed (an
-    improper direction is where a VI method's q has grown widest), on ``eps`` and its antithetic
+    improper direction is where a VI method's q has grown widest; or the ``coordinates``
+    given, e.g. where a q that overflowed had grown widest, probed from a finite q), on ``eps`` and its antithetic
     twin ``−eps`` (so a log p linear in z, as a positive parameter's Jacobian with no prior gives,
     averages out exactly), common to all widenings: 3 × 7 × 2·``len(eps)`` log densities in one
     batched call, charged to ``ledger`` (when given) as screening draws.  A q up to 10⁹ times narrower than a proper posterior still sees its ELBO fall
@@ -80,7 +81,8 @@ def improper_direction(target, family, params: np.ndarray, eps: np.ndarray,
         sd = np.asarray(family.marginal_sd(params), dtype=float)
     if not (np.all(np.isfinite(z)) and np.all(np.isfinite(sd))):
         return None
-    coords = np.argsort(-sd, kind="stable")[:min(PROBE_COORDINATES, len(sd))]
+    coords = (np.argsort(-sd, kind="stable")[:min(PROBE_COORDINATES, len(sd))]
+              if coordinates is None else np.asarray(coordinates, dtype=int))
     factors = PROBE_FACTOR ** np.arange(PROBE_STEPS + 1)
     batch = []
     for i in coords:
@@ -104,6 +106,15 @@ def improper_direction(target, family, params: np.ndarray, eps: np.ndarray,
                     f"posterior may be improper (check that every parameter has a proper prior or "
                     f"is identified by the data)")
     return None
+
+
+def runaway_coordinates(family, params: np.ndarray) -> np.ndarray:
+    """The ``PROBE_COORDINATES`` unconstrained coordinates along which q is widest (a
+    non-finite sd counts as widest), for probing a q that ran away from a finite one."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        sd = np.asarray(family.marginal_sd(np.asarray(params, dtype=float)), dtype=float)
+    sd = np.where(np.isfinite(sd), sd, np.inf)
+    return np.argsort(-sd, kind="stable")[:min(PROBE_COORDINATES, len(sd))]
 
 
 def support_failures(target, family, params: np.ndarray, eps: np.ndarray,
