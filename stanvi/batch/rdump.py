@@ -159,14 +159,13 @@ class _Parser:
             return self.structure()
         if kind == "name" and text in ("c", "integer", "double", "numeric", "logical"):
             return self.call()
-        items = self.sequence_or_number()
-        return items[0] if len(items) == 1 and not self._was_sequence else items
+        items, is_sequence = self.sequence_or_number()
+        return items if is_sequence else items[0]
 
-    _was_sequence = False
-
-    def sequence_or_number(self) -> list[_Num]:
+    def sequence_or_number(self) -> tuple[list[_Num], bool]:
+        """A number, or an integer sequence ``a:b``; and whether it was a sequence (``1:1`` is
+        a vector of one, ``1`` a scalar)."""
         first = self.number()
-        self._was_sequence = False
         if self.peek(skip_newlines=False)[1] == ":":
             self.i += 1
             last = self.number()
@@ -174,9 +173,8 @@ class _Parser:
                 raise self.error("a sequence a:b needs integer ends")
             a, b = int(first.value), int(last.value)
             step = 1 if b >= a else -1
-            self._was_sequence = True
-            return [_Num(float(v), True) for v in range(a, b + step, step)]
-        return [first]
+            return [_Num(float(v), True) for v in range(a, b + step, step)], True
+        return [first], False
 
     def number(self) -> _Num:
         kind, text, line = self.take()
@@ -213,7 +211,7 @@ class _Parser:
             self.take()
             return items
         while True:
-            items.extend(self.sequence_or_number())
+            items.extend(self.sequence_or_number()[0])
             kind, text, line = self.take()
             if text == ")":
                 return items
