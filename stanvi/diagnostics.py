@@ -497,11 +497,7 @@ def _cholesky(family, params) -> np.ndarray:
     in a new process (~0.2–0.3 s of a first full-rank fit, issue 8 part 3).  The same values:
     copies, gathers and selects are exact, and XLA's exp is the same fused or not."""
     if getattr(family, "diagonal", None) == "stan":  # L is λ's entries as they are: NumPy
-        dim = int(family.dim)
-        rows, cols = np.tril_indices(dim)
-        lower = np.zeros((dim, dim))
-        lower[rows, cols] = np.asarray(params, dtype=float)[dim:dim + rows.size]
-        return lower
+        return family.lower_factor(params)
     import jax  # noqa: PLC0415
 
     try:

@@ -441,3 +441,30 @@ def test_every_method_names_a_registered_estimator_and_fit_builds_it(eight_schoo
     assert estimator_for(eight_schools, MeanField(eight_schools.dim)) is est   # built once
     with pytest.raises(ValueError, match="unknown estimator 'nope'"):
         estimator_for(eight_schools, MeanField(eight_schools.dim), "nope")
+
+
+# --------------------------------------------------------------- base draws from shape buckets
+
+@pytest.mark.parametrize("dim", [1, 3, 10, 300, 3000])
+def test_standard_normal_from_a_bucket_is_the_exact_shape_draw(dim):
+    """standard_normal draws a bucketed block and keeps its first n rows: bit for bit the draw of
+    shape (n, dim) (partitionable threefry); breaks if the bucket changed the values."""
+    from stanvi.estimators.elbo import normal_rows, standard_normal
+
+    key = jax.random.key(11)
+    for n in (1, 3, 8, 16, 17, 100, 256, 257, 1000, 4096, 5000):
+        want = np.asarray(jax.random.normal(key, (n, dim), dtype=jnp.float64))
+        got = standard_normal(key, n, dim)
+        assert got.shape == (n, dim)
+        assert np.array_equal(got, want), (n, dim)
+        rows = normal_rows(n, dim)
+        assert rows >= n and (rows == n or rows * dim <= 1 << 20)
+
+
+def test_normal_rows_buckets():
+    from stanvi.estimators.elbo import normal_rows
+
+    assert [normal_rows(n, 10) for n in (1, 8, 16, 17, 256, 300, 1024, 4096)] == \
+        [1, 16, 16, 256, 256, 1024, 1024, 4096]
+    assert normal_rows(5000, 300) == 5000          # beyond 2^20 entries: the exact size
+    assert normal_rows(100, 3000) == 256            # a power of 4 up to 2^20 entries

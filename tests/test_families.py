@@ -129,6 +129,9 @@ def test_sample_is_mu_plus_L_eps_and_covariance_is_LLt(family, rng):
     np.testing.assert_allclose(C, L @ L.T, rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(np.asarray(family.marginal_sd(params)), np.sqrt(np.diag(L @ L.T)),
                                rtol=1e-13)
+    if isinstance(family, FullRank):  # the host-side factor is the compiled one
+        np.testing.assert_allclose(family.lower_factor(params), np.asarray(family.cholesky(params)),
+                                   rtol=1e-15, atol=0)
 
 
 @pytest.mark.parametrize("family", FAMS, ids=FAM_IDS)

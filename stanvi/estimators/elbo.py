@@ -267,9 +267,34 @@ def _standard_normal(key: jax.Array, n: int, dim: int) -> jax.Array:
     return jax.random.normal(key, (n, dim), dtype=jnp.float64)
 
 
+# (base, most entries drawn): row counts round up to a power of 16 while the block stays small,
+# then to a power of 4, then not at all (see normal_rows).
+_NORMAL_ROW_BUCKETS = ((16, 1 << 15), (4, 1 << 20))
+
+
+def normal_rows(n: int, dim: int) -> int:
+    """How many rows :func:`standard_normal` draws to return n: n rounded up to a power of 16
+    while that block has at most 2¹⁵ entries, else to a power of 4 while at most 2²⁰, else n.
+    Each distinct shape is one more program to trace, lower and load in every new process
+    (≈ 25 ms each, issue 8 part 3), and a fit asks for up to a dozen sample sizes; drawing up to
+    16× (small blocks) or 4× (blocks up to 8 MB) more normals than needed costs less than that."""
+    n, dim = int(n), int(dim)
+    for base, most in _NORMAL_ROW_BUCKETS:
+        rows = 1
+        while rows < n:
+            rows *= base
+        if rows * dim <= most:
+            return rows
+    return n
+
+
 def standard_normal(key: jax.Array, n: int, dim: int) -> np.ndarray:
-    """(n, dim) standard normal base draws from ``key`` (jitted per shape)."""
-    return np.asarray(_standard_normal(key, int(n), int(dim)))
+    """(n, dim) standard normal base draws from ``key``: the first n rows of a
+    ``(normal_rows(n, dim), dim)`` draw, which are ``jax.random.normal(key, (n, dim))`` bit for
+    bit because JAX's threefry is partitionable (each entry's bits depend on its index, not on
+    the shape; :mod:`stanvi.jax_config` pins ``jax_threefry_partitionable``; tested)."""
+    n, dim = int(n), int(dim)
+    return np.asarray(_standard_normal(key, normal_rows(n, dim), dim))[:n]
 
 
 def collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_drops: int,

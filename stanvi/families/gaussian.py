@@ -65,8 +65,10 @@ class MeanField:
     def covariance(self, params: jax.Array) -> jax.Array:
         return jnp.diag(jnp.exp(2.0 * self.split(params)[1]))
 
-    def marginal_sd(self, params: jax.Array) -> jax.Array:
-        return jnp.exp(self.split(params)[1])
+    def marginal_sd(self, params: np.ndarray) -> np.ndarray:
+        """exp(ω), in NumPy: it is called on the host, outside compiled programs (an eager JAX
+        operation is one more program to trace and load in a new process, issue 8 part 3)."""
+        return np.exp(np.asarray(params, dtype=float)[self.dim:])
 
     def params_from_precision(self, mu: np.ndarray, precision: np.ndarray,
                               log_scale0: float) -> np.ndarray:
@@ -162,8 +164,26 @@ class FullRank:
         L = self.cholesky(params)
         return L @ L.T
 
-    def marginal_sd(self, params: jax.Array) -> jax.Array:
-        return jnp.sqrt(jnp.diagonal(self.covariance(params)))
+    def lower_factor(self, params: np.ndarray) -> np.ndarray:
+        """L (D, D) as :meth:`cholesky` builds it, in NumPy, for use on the host outside
+        compiled programs: calling :meth:`cholesky` on an array runs about a dozen eager JAX
+        operations, each a program to trace, lower and load in a new process (~0.3 s of a first
+        full-rank fit, issue 8 part 3).  With ``diagonal="stan"`` the entries are λ's exactly;
+        with ``"log"`` the diagonal is NumPy's exp(ω), which may differ from XLA's in the last
+        bit."""
+        params = np.asarray(params, dtype=float)
+        rows, cols = self._tril()
+        lower = np.zeros((self.dim, self.dim))
+        lower[rows, cols] = params[self.dim:self.dim + rows.size]
+        if self.diagonal == "log":
+            d = np.arange(self.dim)
+            lower[d, d] = np.exp(lower[d, d])
+        return lower
+
+    def marginal_sd(self, params: np.ndarray) -> np.ndarray:
+        """sqrt(diag(L Lᵀ)), in NumPy (:meth:`lower_factor`)."""
+        lower = self.lower_factor(params)
+        return np.sqrt(np.sum(lower * lower, axis=1))
 
     def params_from_precision(self, mu: np.ndarray, precision: np.ndarray,
                               log_scale0: float) -> np.ndarray:
