@@ -1,13 +1,15 @@
-"""stanvi's progress displays, one module for both kinds of long work:
+"""stanvi's progress displays, one module for every kind of long work:
 
 * :class:`StageProgress` for work in named stages (compiling a model: stanc, C++, linking):
   on a terminal one status line redrawn with the elapsed time; elsewhere (CI logs, pipes) one
   printed line per stage and a closing ``done in … s`` / ``failed in … s`` line.
+* :class:`TaskProgress` for batches of tasks (done, failed, running, ETA), on terminals and in
+  notebooks and logs alike.
 * :class:`IterationProgress` for iterative methods: ``method: iter k, ELBO x, oracle calls y``
   redrawn at most 10 times a second, on a terminal only (silent in logs: a fit's outcome line is
   printed by ``stanvi.fit`` itself).
 
-Both draw through :class:`StatusLine`, the one place that knows how a terminal line is redrawn
+All draw through :class:`StatusLine`, the one place that knows how a terminal line is redrawn
 and cleared.
 """
 
@@ -121,3 +123,48 @@ class IterationProgress:
 
     def close(self) -> None:
         self.line.finish()
+
+
+class TaskProgress:
+    """Progress over the tasks of a batch: ``batch: 12/40 done (3 failed), 2 running, ETA 4m10s``.
+
+    On a terminal the line is redrawn at most once a second; elsewhere (notebooks, CI logs,
+    pipes) a plain line is printed every ``every`` seconds and at the end, so a notebook shows
+    progress without a widget library.  The ETA is the mean wall time per finished task so far
+    times the tasks left."""
+
+    def __init__(self, total: int, *, title: str = "batch", enabled: bool = True, stream=None,
+                 every: float = 30.0) -> None:
+        self.line = StatusLine(enabled, stream)
+        self.total, self.title, self.every = int(total), title, float(every)
+        self.done = self.failed = self.running = 0
+        self._start = self._last = time.perf_counter()
+
+    def text(self) -> str:
+        elapsed = time.perf_counter() - self._start
+        left = self.total - self.done
+        eta = ""
+        if self.done and left:
+            seconds = elapsed / self.done * left
+            eta = f", ETA {int(seconds // 60)}m{int(seconds % 60):02d}s"
+        return (f"{self.title}: {self.done}/{self.total} done ({self.failed} failed), "
+                f"{self.running} running{eta} [{elapsed:.0f} s]")
+
+    def update(self, *, done: int = 0, failed: int = 0, running: int | None = None) -> None:
+        """Count ``done`` more finished tasks, ``failed`` of them unsuccessful; ``running`` is the
+        number in flight now, where known."""
+        self.done += done
+        self.failed += failed
+        if running is not None:
+            self.running = running
+        now = time.perf_counter()
+        if self.line.interactive:
+            if now - self._last >= 1.0 or self.done == self.total:
+                self._last = now
+                self.line.redraw(self.text())
+        elif self.line.enabled and now - self._last >= self.every:
+            self._last = now
+            print(self.text(), file=self.line.stream, flush=True)
+
+    def close(self) -> None:
+        self.line.finish(self.text())

@@ -33,13 +33,17 @@ __all__ = ["ModelCase", "discover_example_models", "load_data", "program_blocks"
 class ModelCase:
     """One model of a collection: ``name`` is its path below the root without ``.stan``
     (``ARM/Ch.3/kidiq``); ``data`` its data file (None for a model without data) and
-    ``data_format`` 'json', 'rdump' or 'none'; ``skip`` the reason it is not run, or None."""
+    ``data_format`` 'json', 'rdump', 'json-zip' (posteriordb) or 'none'; ``skip`` the reason it is
+    not run, or None; ``source`` the collection ('example-models' or 'posteriordb');
+    ``reference`` the file of reference posterior draws, where the collection has one."""
 
     name: str
     stan: Path
     data: Path | None
     data_format: str
     skip: str | None = None
+    source: str = "example-models"
+    reference: Path | None = None
 
 
 _COMMENTS = re.compile(r"//[^\n]*|#[^\n]*|/\*.*?\*/|\"(?:[^\"\\]|\\.)*\"", re.DOTALL)
@@ -120,6 +124,10 @@ def load_data(case: ModelCase) -> dict[str, Any] | None:
     that cannot be read."""
     if case.data is None:
         return None
+    if case.data_format == "json-zip":
+        from stanvi.batch.posteriordb import read_zipped_json  # noqa: PLC0415
+
+        return read_zipped_json(case.data)
     if case.data_format == "json":
         try:
             return json.loads(case.data.read_text())

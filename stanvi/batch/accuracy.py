@@ -1,0 +1,110 @@
+"""Accuracy of a fit against reference posterior draws (issue P2-2, "Accuracy against
+references").
+
+Per marginal (one scalar element of a Stan variable, ``theta[1]``), with m and s the reference
+draws' mean and sd:
+
+* standardized mean error |mean_vi − m| / s;
+* sd ratio sd_vi / s;
+* the 1-Wasserstein distance between the marginal's VI draws and reference draws
+  (:func:`scipy.stats.wasserstein_distance`, as the Pathfinder paper reports it: Zhang, Carpenter,
+  Gelman & Vehtari 2022, §4.1), and the same divided by s so that marginals on different scales
+  can be pooled.
+
+In constrained space the VI draws are the fit's output draws (parameters and transformed
+parameters, by element label) matched by name to the reference's elements; in unconstrained space
+both sides are mapped by the model's own transform (the reference draws through BridgeStan's
+``param_unconstrain``, which needs every parameter of the model in the reference; otherwise the
+unconstrained comparison is left out, with the reason).  Each summary lists the marginals
+compared and the reference names the fit has no draws of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from stanvi.stan.names import element_labels
+
+__all__ = ["marginal_accuracy", "labelled_draws", "reference_unconstrained"]
+
+
+def labelled_draws(variables: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Draws by element label (``theta[1]``) from draws by variable name, each (n, *shape), in
+    Stan's column-major element order."""
+    out: dict[str, np.ndarray] = {}
+    for name, draws in variables.items():
+        draws = np.asarray(draws, dtype=float)
+        n, shape = draws.shape[0], draws.shape[1:]
+        flat = draws.reshape(n, -1, order="F") if shape else draws.reshape(n, 1)
+        for label, column in zip(element_labels(name, tuple(shape)), flat.T):
+            out[label] = column
+    return out
+
+
+def marginal_accuracy(approx: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
+                      ) -> dict[str, Any]:
+    """Per-marginal figures for every reference element the approximation has draws of, and
+    their summaries (median and max over marginals).  Marginals whose reference sd is 0 or not
+    finite are left out of the standardized figures (named in ``degenerate``)."""
+    from scipy.stats import wasserstein_distance  # noqa: PLC0415  (heavy; batch only)
+
+    per: dict[str, dict[str, float]] = {}
+    missing, degenerate = [], []
+    for label, ref in reference.items():
+        if label not in approx:
+            missing.append(label)
+            continue
+        ref = np.asarray(ref, dtype=float)
+        vi = np.asarray(approx[label], dtype=float)
+        ref, vi = ref[np.isfinite(ref)], vi[np.isfinite(vi)]
+        if ref.size < 2 or vi.size < 2:
+            degenerate.append(label)
+            continue
+        m, s = float(np.mean(ref)), float(np.std(ref, ddof=1))
+        w1 = float(wasserstein_distance(vi, ref))
+        if not (np.isfinite(s) and s > 0):
+            degenerate.append(label)
+            continue
+        per[label] = {"mean_error_sd": abs(float(np.mean(vi)) - m) / s,
+                      "sd_ratio": float(np.std(vi, ddof=1)) / s, "w1": w1, "w1_sd": w1 / s}
+    summary: dict[str, Any] = {"n_marginals": len(per), "missing": missing,
+                               "degenerate": degenerate, "marginals": per}
+    for fig in ("mean_error_sd", "w1_sd"):
+        values = np.array([p[fig] for p in per.values()])
+        summary[f"{fig}_median"] = float(np.median(values)) if values.size else None
+        summary[f"{fig}_max"] = float(np.max(values)) if values.size else None
+    ratios = np.array([p["sd_ratio"] for p in per.values()])
+    summary["sd_ratio_median"] = float(np.median(ratios)) if ratios.size else None
+    summary["sd_ratio_worst"] = (float(ratios[np.argmax(np.abs(np.log(ratios)))])
+                                 if ratios.size and np.all(ratios > 0) else None)
+    return summary
+
+
+def reference_unconstrained(target, reference: Mapping[str, np.ndarray]
+                            ) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The reference draws mapped to unconstrained space by the model's transform, labelled by
+    ``target.unconstrained_names``; (None, why) when the reference lacks a parameter or a draw
+    cannot be mapped."""
+    params = [v for v in target.variables(include_tp=False, include_gq=False)]
+    labels = {v.name: element_labels(v.name, tuple(v.shape)) for v in params}
+    absent = [lab for labs in labels.values() for lab in labs if lab not in reference]
+    if absent:
+        return None, (f"the reference has no draws of parameter element(s) "
+                      f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}")
+    n = len(next(iter(reference.values())))
+    rows = np.empty((n, target.dim))
+    for i in range(n):
+        values = {}
+        for v in params:
+            flat = np.array([reference[lab][i] for lab in labels[v.name]])
+            values[v.name] = (flat.reshape(tuple(v.shape), order="F") if v.shape
+                              else float(flat[0]))
+        try:
+            rows[i] = target.unconstrain(values)
+        except Exception as exc:  # noqa: BLE001 — the model's own error, reported
+            return None, f"reference draw {i + 1} cannot be unconstrained: {exc}"
+    names = list(target.unconstrained_names)
+    return {name: rows[:, j] for j, name in enumerate(names)}, ""

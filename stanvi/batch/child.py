@@ -1,0 +1,180 @@
+"""The process that runs one batch task (issue P2-2, "Running it"): ``python -m
+stanvi.batch.child`` reads a job (JSON) on stdin and prints its result as one line
+``STANVI_BATCH_RESULT <json>`` on stdout.
+
+A task runs in its own process so that the Dask worker that launched it
+(:func:`stanvi.batch.tasks.run_job`) can stop it at its timeout (the process group is killed) and
+survives a model that crashes the process; the worker turns a timeout, a crash or a missing
+result into a record with the reason.
+
+Jobs:
+
+* ``compile``: read the data, compile the model (the compile cache's file lock makes concurrent
+  workers safe; a cached library is found by content), load it with its data, and for a
+  posterior with reference draws write them, in constrained and (where the reference has every
+  parameter) unconstrained space, to ``<runs>/references/<model>.npz`` for the fit tasks.
+* ``fit``: ``stanvi.fit`` of the compiled library with the job's method, profile, family, seed and
+  options; the record holds the status and message, the final ELBO from 10,000 fresh draws with
+  its standard error, the trace (thinned to at most 400 rows), the oracle ledger, draw-level model
+  evaluations, run time and JAX compile time apart, the k-hat diagnostic and, with reference
+  draws, the accuracy figures of :mod:`stanvi.batch.accuracy`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULT_PREFIX = "STANVI_BATCH_RESULT "
+TRACE_ROWS = 400
+ELBO_DRAWS = 10_000
+
+
+def _case(job: dict):
+    from stanvi.batch.discover import ModelCase  # noqa: PLC0415
+
+    return ModelCase(job["model"], Path(job["stan"]), Path(job["data"]) if job.get("data") else None,
+                     job.get("data_format", "none"), source=job.get("source", "example-models"),
+                     reference=Path(job["reference"]) if job.get("reference") else None)
+
+
+def _first_lines(exc: BaseException, limit: int = 2000) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def reference_file(runs_dir: str | Path, model: str) -> Path:
+    """Where the compile task leaves a model's reference draws."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model)
+    return Path(runs_dir) / "references" / f"{safe}.npz"
+
+
+def compile_job(job: dict) -> dict[str, Any]:
+    from stanvi.batch.accuracy import reference_unconstrained  # noqa: PLC0415
+    from stanvi.batch.discover import load_data  # noqa: PLC0415
+    from stanvi.batch.posteriordb import read_reference_draws  # noqa: PLC0415
+    from stanvi.stan.compiler import compile_model  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
+
+    case = _case(job)
+    try:
+        data = load_data(case)
+    except Exception as exc:  # noqa: BLE001 — any unreadable data is the record's reason
+        return {"status": "data_error", "message": _first_lines(exc)}
+    t0 = time.perf_counter()
+    try:
+        compiled = compile_model(case.stan, progress=False)
+    except Exception as exc:  # noqa: BLE001
+        return {"status": "compile_failed", "message": _first_lines(exc),
+                "compile_seconds": time.perf_counter() - t0}
+    record: dict[str, Any] = {"library": str(compiled.library), "cached": compiled.cached,
+                              "compile_seconds": time.perf_counter() - t0}
+    try:
+        target = StanTarget(compiled, data, progress=False)
+    except Exception as exc:  # noqa: BLE001
+        return {**record, "status": "load_failed", "message": _first_lines(exc)}
+    record.update(status="ok", message="", dim=int(target.dim),
+                  variables={v.name: list(v.shape) for v in target.variables()})
+    if case.reference is not None:
+        try:
+            ref = read_reference_draws(case.reference)
+            unc, why = reference_unconstrained(target, ref)
+        except Exception as exc:  # noqa: BLE001
+            record.update(reference="unreadable", reference_message=_first_lines(exc))
+            return record
+        path = reference_file(job["runs_dir"], case.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {f"c:{k}": v for k, v in ref.items()}
+        arrays.update({f"u:{k}": v for k, v in (unc or {}).items()})
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, **arrays)
+        tmp.replace(path)
+        record.update(reference=str(path), reference_draws=len(next(iter(ref.values()))),
+                      reference_unconstrained=unc is not None, reference_message=why)
+    return record
+
+
+def _thin_trace(rows: list[dict]) -> tuple[list[dict], bool]:
+    """At most TRACE_ROWS rows: the first, the last and evenly spaced ones between, every row
+    with an ELBO estimate kept first."""
+    if len(rows) <= TRACE_ROWS:
+        return rows, False
+    keep = {0, len(rows) - 1}
+    with_elbo = [i for i, r in enumerate(rows) if r.get("elbo") is not None]
+    step = max(1, math.ceil(len(with_elbo) / (TRACE_ROWS // 2)))
+    keep.update(with_elbo[::step])
+    spaced = np.linspace(0, len(rows) - 1, TRACE_ROWS - len(keep)).round().astype(int)
+    keep.update(int(i) for i in spaced)
+    return [rows[i] for i in sorted(keep)][:TRACE_ROWS], True
+
+
+def fit_job(job: dict) -> dict[str, Any]:
+    from stanvi.batch.accuracy import labelled_draws, marginal_accuracy  # noqa: PLC0415
+    from stanvi.batch.discover import load_data  # noqa: PLC0415
+    from stanvi.fit import fit  # noqa: PLC0415
+
+    data = load_data(_case(job))
+    options = dict(job.get("options") or {})
+    try:
+        result = fit(job["library"], data=data, method=job["method"], family=job["family"],
+                     seed=int(job["seed"]), profile=job.get("profile"), progress=False,
+                     draws=int(job.get("draws", 2000)), **options)
+    except Exception as exc:  # noqa: BLE001 — stanvi's own errors name what is wrong
+        return {"status": "error", "message": _first_lines(exc)}
+    elbo, elbo_se = result.elbo(ELBO_DRAWS)
+    diag = result.diagnostics()
+    trace, thinned = _thin_trace([dict(r) for r in result.trace.rows])
+    evaluations = result.info.get("model_evaluations") or {}
+    record: dict[str, Any] = {
+        "status": result.status, "message": result.message, "dim": int(result.family.dim),
+        "elbo": elbo, "elbo_se": elbo_se, "iterations": len(result.trace) - 1,
+        "trace": trace, "trace_thinned": thinned, "oracle": result.oracle,
+        "draw_evaluations": int(sum(evaluations.values())), "model_evaluations": evaluations,
+        "wall_time": result.wall_time, "compile_time": result.compile_time,
+        "run_time": result.run_time, "setup_time": result.setup_time,
+        "khat": diag.khat, "khat_se": diag.khat_se, "verdict": diag.verdict, "ess": diag.ess,
+        "info": {k: v for k, v in result.info.items()
+                 if isinstance(v, (int, float, str, bool)) or v is None}}
+    ref_path = job.get("reference_npz")
+    if ref_path and Path(ref_path).is_file():
+        with np.load(ref_path) as npz:
+            ref_c = {k[2:]: npz[k] for k in npz.files if k.startswith("c:")}
+            ref_u = {k[2:]: npz[k] for k in npz.files if k.startswith("u:")}
+        record["accuracy"] = {"constrained": marginal_accuracy(
+            labelled_draws(result.stan_variables()), ref_c)}
+        if ref_u:
+            names = list(result.target.unconstrained_names)
+            z = np.asarray(result.unconstrained_draws)
+            record["accuracy"]["unconstrained"] = marginal_accuracy(
+                {name: z[:, j] for j, name in enumerate(names)}, ref_u)
+    return record
+
+
+JOBS = {"compile": compile_job, "fit": fit_job}
+
+
+def main() -> int:
+    job = json.loads(sys.stdin.read())
+    t0 = time.perf_counter()
+    try:
+        record = JOBS[job["kind"]](job)
+    except Exception as exc:  # noqa: BLE001 — reported, not a crash of the batch
+        record = {"status": "error", "message": _first_lines(exc),
+                  "traceback": traceback.format_exc(limit=8)}
+    record["task_seconds"] = time.perf_counter() - t0
+    from stanvi.batch.store import record_json  # noqa: PLC0415
+
+    sys.stdout.write(RESULT_PREFIX + record_json(record) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

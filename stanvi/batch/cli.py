@@ -1,0 +1,113 @@
+"""``stanvi batch``: the command line of a batch run (issue P2-2); docs/batch.md.
+
+    stanvi batch SOURCE --methods trustvi,trustvi:paper,advi:stan,hfsgvi --seeds 5 \\
+        [--family meanfield,fullrank] [--scheduler tcp://host:8786 | --workers N] \\
+        [--timeout S] [--glob PATTERN] [--names A,B] [--max-dim D] --out RUNS_DIR
+
+SOURCE is a stan-dev/example-models or stan-dev/posteriordb checkout (told apart by posteriordb's
+``posteriors/`` directory).  The same command again resumes: finished tasks are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_batch_parser", "parse_methods", "cases_from_source"]
+
+
+def parse_methods(text: str, profile: str | None = None) -> tuple[tuple[str, str | None], ...]:
+    """``"trustvi,trustvi:paper,advi:stan"`` → ((method, profile), ...); ``profile`` applies to
+    entries that name none."""
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        method, _, prof = item.partition(":")
+        out.append((method.strip(), prof.strip() or profile))
+    if not out:
+        raise ValueError(f"--methods names no method: {text!r}")
+    return tuple(out)
+
+
+def is_posteriordb(source: Path) -> bool:
+    return (source / "posteriors").is_dir() or (source / "posterior_database" / "posteriors").is_dir()
+
+
+def cases_from_source(source: str | Path, *, glob: str | None = None, names: list[str] | None = None,
+                      max_data_bytes: int | None = None, with_reference: bool = False):
+    """The model cases of an example-models or posteriordb checkout."""
+    from stanvi.batch.discover import discover_example_models  # noqa: PLC0415
+    from stanvi.batch.posteriordb import discover_posteriordb  # noqa: PLC0415
+
+    source = Path(source).expanduser()
+    if not source.is_dir():
+        raise FileNotFoundError(f"{source} is not a directory (an example-models or posteriordb "
+                                "checkout)")
+    if is_posteriordb(source):
+        return discover_posteriordb(source, glob=glob, names=names, with_reference=with_reference,
+                                    max_data_bytes=max_data_bytes)
+    return discover_example_models(source, glob=glob, names=names, max_data_bytes=max_data_bytes)
+
+
+def _cmd_batch(args: argparse.Namespace) -> int:
+    from stanvi.batch.runner import BatchConfig, check_config, run_batch  # noqa: PLC0415
+
+    methods = parse_methods(args.methods, args.profile)
+    families = tuple(f.strip() for f in args.family.split(",") if f.strip())
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    cases = cases_from_source(args.source, glob=args.glob, names=names,
+                              max_data_bytes=args.max_data_bytes,
+                              with_reference=args.with_reference)
+    if args.sample is not None and args.sample < len(cases):
+        import random  # noqa: PLC0415
+
+        cases = sorted(random.Random(args.sample_seed).sample(cases, args.sample),
+                       key=lambda c: c.name)
+    runnable = sum(c.skip is None for c in cases)
+    print(f"stanvi batch: {len(cases)} models in {args.source} ({runnable} runnable), "
+          f"{len(methods)} method(s) x {len(families)} family(ies) x {args.seeds} seed(s) -> "
+          f"{args.out}")
+    config = BatchConfig(methods=methods, families=families, seeds=args.seeds,
+                         max_dim=args.max_dim, fullrank_max_dim=args.fullrank_max_dim,
+                         timeout=args.timeout, compile_timeout=args.compile_timeout,
+                         draws=args.draws)
+    check_config(config)
+    counts = run_batch(cases, args.out, config, scheduler=args.scheduler, workers=args.workers,
+                       progress=not args.quiet)
+    print("fit records by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return 0
+
+
+def add_batch_parser(sub) -> None:
+    """Add the ``batch`` subcommand to the ``stanvi`` parser's subparsers."""
+    p = sub.add_parser("batch", help="fit every model of an example-models or posteriordb "
+                       "checkout with several methods and seeds, on Dask; resumable")
+    p.add_argument("source", help="a stan-dev/example-models or stan-dev/posteriordb checkout")
+    p.add_argument("--out", required=True, help="runs directory (the results store)")
+    p.add_argument("--methods", default="trustvi,advi",
+                   help="comma-separated method[:profile] list (default trustvi,advi)")
+    p.add_argument("--profile", default=None, help="profile for methods that name none")
+    p.add_argument("--family", default="meanfield", help="meanfield, fullrank or both, comma-separated")
+    p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per configuration (default 5)")
+    p.add_argument("--scheduler", default=None,
+                   help="address of a running Dask scheduler (default: a local cluster)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local cluster workers (default: the number of CPUs)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per fit (default 600)")
+    p.add_argument("--compile-timeout", type=float, default=1800.0,
+                   help="seconds per compile task (default 1800)")
+    p.add_argument("--glob", default=None, help="only models whose name matches this pattern")
+    p.add_argument("--names", default=None, help="only these models (comma-separated names)")
+    p.add_argument("--max-dim", type=int, default=None, help="skip models of larger dimension")
+    p.add_argument("--fullrank-max-dim", type=int, default=100,
+                   help="full-rank fits only up to this dimension (default 100)")
+    p.add_argument("--max-data-bytes", type=int, default=None, help="skip larger data files")
+    p.add_argument("--with-reference", action="store_true",
+                   help="posteriordb: only posteriors with reference draws")
+    p.add_argument("--sample", type=int, default=None,
+                   help="a random subset of this many models (seed --sample-seed)")
+    p.add_argument("--sample-seed", type=int, default=0)
+    p.add_argument("--draws", type=int, default=2000, help="output draws per fit (default 2000)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=_cmd_batch)

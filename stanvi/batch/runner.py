@@ -1,0 +1,177 @@
+"""Running a batch on Dask (issue P2-2, "Running it").
+
+:func:`run_batch` plans a compile task per model and a fit task per (model, method, profile,
+family, seed) (:mod:`stanvi.batch.tasks`), and runs them on a Dask distributed cluster:
+
+* by default a :class:`distributed.LocalCluster` of ``workers`` processes (default: the number of
+  CPUs) with one thread each, so that each worker runs one task (one fit process) at a time;
+* with ``scheduler="tcp://host:port"`` an existing cluster, started with ``dask scheduler`` and
+  ``dask worker tcp://host:port --nthreads 1`` on each machine.  The workers must see the runs
+  directory and the model files at the same paths, and should share stanvi's cache directory
+  (``$STANVI_CACHE_DIR``) so that a model compiles once per cluster; docs/batch.md.
+
+Each fit task takes its model's compile task as an argument, so Dask runs it after the model is
+compiled, on any worker (workers load the library by path).  Tasks whose record is in the store
+already are not submitted (a re-run resumes).  When a worker dies while running a task (``kill
+-9``, the OOM killer), the scheduler runs the task again on another worker; a task that has
+killed ``distributed.scheduler.allowed-failures`` + 1 workers (Dask's default: 4) is recorded
+here as ``lost`` with Dask's reason, and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stanvi.batch.discover import ModelCase
+from stanvi.batch.store import RunStore
+from stanvi.batch.tasks import FitSpec, compile_task, fit_identity, fit_task, write_record
+from stanvi.progress import TaskProgress
+
+__all__ = ["BatchConfig", "check_config", "plan", "run_batch", "OK_STATUSES"]
+
+# Fit statuses that are a method's normal outcome; every other status counts as failed.
+OK_STATUSES = ("converged", "max_iters", "budget")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """What to run on every model: ``methods`` as (method, profile or None) pairs."""
+
+    methods: tuple[tuple[str, str | None], ...] = (("trustvi", None), ("advi", None))
+    families: tuple[str, ...] = ("meanfield",)
+    seeds: int = 5
+    options: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
+    max_dim: int | None = None
+    fullrank_max_dim: int | None = 100
+    timeout: float | None = 600.0
+    compile_timeout: float | None = 1800.0
+    draws: int = 2000
+
+
+def check_config(config: BatchConfig) -> None:
+    """Raise ValueError/TypeError naming a method, profile, option or family the batch cannot
+    run, before any task starts."""
+    from stanvi.methods import get_method, make_options  # noqa: PLC0415
+
+    for method, profile in config.methods:
+        make_options(get_method(method), profile, dict(config.options.get(method, {})))
+    bad = [f for f in config.families if f not in ("meanfield", "fullrank")]
+    if bad:
+        raise ValueError(f"unknown family {bad[0]!r}; choose meanfield or fullrank")
+    if config.seeds < 1:
+        raise ValueError(f"seeds must be at least 1, got {config.seeds}")
+
+
+def plan(cases: Iterable[ModelCase], config: BatchConfig) -> list[tuple[ModelCase, FitSpec]]:
+    """Every (case, fit) of the batch, model by model; ``options`` by method name."""
+    out = []
+    for case in cases:
+        for method, profile in config.methods:
+            for family in config.families:
+                for seed in range(config.seeds):
+                    out.append((case, FitSpec(case.name, method, family, profile, seed,
+                                              dict(config.options.get(method, {})))))
+    return out
+
+
+def _dim_limit(config: BatchConfig, family: str) -> int | None:
+    limits = [x for x in (config.max_dim, config.fullrank_max_dim if family == "fullrank"
+                          else None) if x is not None]
+    return min(limits) if limits else None
+
+
+def fit_or_skip(spec: FitSpec, case: ModelCase, compiled: dict, runs_dir: str,
+                timeout: float | None, draws: int, max_dim: int | None) -> dict:
+    """:func:`~stanvi.batch.tasks.fit_task`, or a ``skipped`` record when the compiled model's
+    dimension is over ``max_dim`` (known only once it is compiled)."""
+    dim = compiled.get("dim")
+    if max_dim is not None and dim is not None and dim > max_dim:
+        store = RunStore(runs_dir)
+        found = store.get("fit", spec.key)
+        return found if found is not None else write_record(
+            store, "fit", spec.key, fit_identity(spec, case),
+            {"status": "skipped", "message": f"dimension {dim} is over the batch's limit {max_dim}"})
+    return fit_task(spec, case, compiled, runs_dir, timeout, draws)
+
+
+def _client(scheduler: str | None, workers: int | None):
+    from distributed import Client, LocalCluster  # noqa: PLC0415
+
+    if scheduler:
+        return Client(scheduler), None
+    cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
+                           processes=True, dashboard_address=None, silence_logs=40)
+    return Client(cluster), cluster
+
+
+def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchConfig = BatchConfig(),
+              *, scheduler: str | None = None, workers: int | None = None,
+              progress: bool = True, client=None) -> dict[str, int]:
+    """Run the batch; returns counts of fit records by status (this run's and earlier ones').
+    Every finished task's record is in ``runs_dir`` (:class:`~stanvi.batch.store.RunStore`)."""
+    from distributed import as_completed  # noqa: PLC0415
+
+    check_config(config)
+    runs_dir = str(Path(runs_dir).expanduser().resolve())
+    store = RunStore(runs_dir)
+    work = plan(cases, config)
+    todo = [(case, spec) for case, spec in work if not store.has("fit", spec.key)]
+    bar = TaskProgress(len(work), enabled=progress)
+    bar.update(done=len(work) - len(todo))
+    own_client = client is None
+    cluster = None
+    if own_client:
+        client, cluster = _client(scheduler, workers)
+    try:
+        compiles: dict[str, Any] = {}
+        futures = {}
+        for case, spec in todo:
+            if case.name not in compiles:
+                found = store.get("compile", case.name)
+                compiles[case.name] = found if found is not None else client.submit(
+                    compile_task, case, runs_dir, config.compile_timeout, pure=False,
+                    key=f"compile-{case.name}-{time.time_ns()}")
+            fut = client.submit(fit_or_skip, spec, case, compiles[case.name], runs_dir,
+                                config.timeout, config.draws, _dim_limit(config, spec.family),
+                                pure=False, key=f"fit-{spec.key}-{time.time_ns()}")
+            futures[fut] = (case, spec)
+        last_poll = 0.0
+        for fut in as_completed(list(futures)):
+            case, spec = futures.pop(fut)
+            record = _outcome(fut, case, spec, store)
+            running = None
+            if time.perf_counter() - last_poll > 1.0:  # tasks on workers, at most one per thread
+                last_poll = time.perf_counter()
+                running = min(sum(len(v) for v in client.processing().values()),
+                              sum(client.nthreads().values()))
+            bar.update(done=1, failed=int(record.get("status") not in OK_STATUSES),
+                       running=running)
+    finally:
+        bar.close()
+        if own_client:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+    counts: dict[str, int] = {}
+    for record in store.records("fit"):
+        counts[record.get("status", "?")] = counts.get(record.get("status", "?"), 0) + 1
+    store.sync()
+    return counts
+
+
+def _outcome(fut, case: ModelCase, spec: FitSpec, store: RunStore) -> dict:
+    """The task's record; a task that raised in Dask (a worker died under it too often, or a
+    scheduler error) is recorded here as ``lost`` with the reason."""
+    try:
+        return fut.result()
+    except Exception as exc:  # noqa: BLE001 — KilledWorker, CancelledError, ...
+        found = store.get("fit", spec.key)
+        if found is not None:
+            return found
+        return write_record(store, "fit", spec.key, fit_identity(spec, case),
+                       {"status": "lost", "message": f"{type(exc).__name__}: {exc}"})

@@ -1,0 +1,157 @@
+"""The tasks of a batch run and how a worker runs one (issue P2-2, "Running it").
+
+A batch is a compile task per model and a fit task per (model, method, profile, family, seed)
+that depends on it.  Each task is a plain function of plain arguments, so any executor can run
+it (the Dask runner in :mod:`stanvi.batch.runner`, or a loop in tests); it
+
+1. returns at once the record already in the store, when the task finished before (a re-run of
+   the same batch skips it);
+2. otherwise runs the job in its own process (:mod:`stanvi.batch.child`) with a timeout enforced
+   here, in the worker: when it passes, the process group is killed and the record says
+   ``timeout``; a process that dies (a crash in the model's C++, the OOM killer) gives a
+   ``crashed`` record with its exit code and the end of its stderr.  The worker survives both;
+3. writes the record to the store (:class:`~stanvi.batch.store.RunStore`, atomically) and
+   returns it.
+
+Every record carries the task's identity (``key``, ``model``, ``source``, and for fits
+``method``, ``profile``, ``family``, ``seed``, ``options``), its ``status`` and ``message``, the
+host and the wall time of the task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stanvi.batch.child import RESULT_PREFIX, reference_file
+from stanvi.batch.discover import ModelCase
+from stanvi.batch.store import RunStore
+
+__all__ = ["FitSpec", "compile_task", "fit_task", "run_job", "case_job", "write_record",
+           "fit_identity"]
+
+STDERR_TAIL = 3000
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    """One fit of a batch.  ``options`` are the method's options (JSON values)."""
+
+    model: str
+    method: str
+    family: str = "meanfield"
+    profile: str | None = None
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
+
+    @property
+    def key(self) -> str:
+        """The task's name in the store: readable, plus a digest of everything that defines it."""
+        ident = json.dumps(asdict(self), sort_keys=True)
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+        return (f"{self.model}__{self.method}-{self.profile or 'default'}-{self.family}"
+                f"-s{self.seed}__{digest}")
+
+
+def case_job(case: ModelCase) -> dict[str, Any]:
+    """The JSON fields of a model case that a child process needs."""
+    return {"model": case.name, "stan": str(case.stan),
+            "data": str(case.data) if case.data else None, "data_format": case.data_format,
+            "source": case.source, "reference": str(case.reference) if case.reference else None}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def run_job(job: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    """Run ``job`` in a child process (:mod:`stanvi.batch.child`) and return its result, or a
+    ``timeout`` / ``crashed`` record with the reason."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "stanvi.batch.child"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(json.dumps(job), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()
+        return {"status": "timeout", "message": f"stopped after {timeout:g} s (the task's timeout); "
+                f"its process was killed", "task_seconds": time.perf_counter() - start}
+    finally:
+        if proc.poll() is None:  # an exception here (KeyboardInterrupt, a cancelled task)
+            _kill_group(proc)
+    lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        why = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
+               else f"exit status {proc.returncode}")
+        return {"status": "crashed", "message": f"the {job['kind']} process ended without a "
+                f"result ({why}): {err[-STDERR_TAIL:].strip() or 'no output'}",
+                "task_seconds": time.perf_counter() - start}
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def write_record(store: RunStore, kind: str, key: str, identity: dict, result: dict) -> dict:
+    """Store and return the record of a finished task: its identity, its result, and where and
+    when it finished."""
+    record = {**identity, **result, "key": key, "kind": kind, "host": socket.gethostname(),
+              "finished": time.time()}
+    store.put(kind, key, record)
+    return record
+
+
+def fit_identity(spec: FitSpec, case: ModelCase) -> dict[str, Any]:
+    """The fields that name a fit in its record."""
+    return {**asdict(spec), "source": case.source}
+
+
+def compile_task(case: ModelCase, runs_dir: str, timeout: float | None = 1800.0) -> dict[str, Any]:
+    """Compile (or find compiled) one model and load it with its data; the record has
+    ``status`` 'ok' (with ``library``, ``dim``, ``reference``), 'skipped' (the case's reason),
+    'data_error', 'compile_failed', 'load_failed', 'timeout' or 'crashed'."""
+    store = RunStore(runs_dir)
+    found = store.get("compile", case.name)
+    if found is not None:
+        return found
+    identity = {"model": case.name, "source": case.source, "stan": str(case.stan),
+                "data": str(case.data) if case.data else None}
+    if case.skip is not None:
+        return write_record(store, "compile", case.name, identity,
+                       {"status": "skipped", "message": case.skip})
+    job = {**case_job(case), "kind": "compile", "runs_dir": str(runs_dir)}
+    return write_record(store, "compile", case.name, identity, run_job(job, timeout))
+
+
+def fit_task(spec: FitSpec, case: ModelCase, compiled: dict[str, Any], runs_dir: str,
+             timeout: float | None = 600.0, draws: int = 2000) -> dict[str, Any]:
+    """Fit one (model, method, profile, family, seed); ``compiled`` is the model's compile
+    record.  A model that did not compile gives a ``not_compiled`` record with the compile
+    record's status and message (so that every planned fit has a record)."""
+    store = RunStore(runs_dir)
+    found = store.get("fit", spec.key)
+    if found is not None:
+        return found
+    identity = fit_identity(spec, case)
+    if compiled.get("status") != "ok":
+        return write_record(store, "fit", spec.key, identity, {
+            "status": "not_compiled",
+            "message": f"{compiled.get('status')}: {compiled.get('message', '')}"})
+    ref = reference_file(runs_dir, case.name) if compiled.get("reference") else None
+    job = {**case_job(case), "kind": "fit", "library": compiled["library"], "method": spec.method,
+           "family": spec.family, "profile": spec.profile, "seed": spec.seed,
+           "options": spec.options, "draws": draws,
+           "reference_npz": str(ref) if ref is not None and Path(ref).is_file() else None}
+    return write_record(store, "fit", spec.key, identity, run_job(job, timeout))

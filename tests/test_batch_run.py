@@ -1,0 +1,223 @@
+"""Batch runs end to end (issue P2-2): fake example-models and posteriordb trees, compiled and
+fitted on real Dask clusters (a LocalCluster; a scheduler and two workers started as separate
+``dask scheduler`` / ``dask worker`` processes on 127.0.0.1), a failing compile, unreadable data,
+a fit stopped at its timeout, resuming after ``kill -9`` of the running batch, and ``kill -9`` of
+a worker in the middle of a task.
+
+Every model file is called ``normal.stan`` with the same program, so all of them share one
+compiled library (the compile cache is keyed on the code and the name)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stanvi.batch.discover import discover_example_models
+from stanvi.batch.posteriordb import discover_posteriordb
+from stanvi.batch.runner import BatchConfig, plan, run_batch
+from stanvi.batch.store import RunStore
+from stanvi.batch.tasks import FitSpec, compile_task, fit_task
+
+pytestmark = pytest.mark.slow
+
+NORMAL = "data { int N; vector[N] y; } parameters { real mu; } model { y ~ normal(mu, 1); }"
+Y = [0.3, 1.9, 1.1, 0.4, 1.6, 0.9, 1.3, 0.7]
+# exact posterior of mu (flat prior, unit noise): N(mean(y), 1/N)
+POST_MEAN, POST_SD = float(np.mean(Y)), 1.0 / np.sqrt(len(Y))
+DASK = Path(sys.executable).with_name("dask")
+
+
+def put(root: Path, rel: str, text: str) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def zipped_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("x.json", json.dumps(obj))
+    path.write_bytes(buf.getvalue())
+
+
+@pytest.fixture
+def example_tree(tmp_path):
+    root = tmp_path / "example-models"
+    data = json.dumps({"N": len(Y), "y": Y})
+    for d in ("a", "b", "c"):
+        put(root, f"{d}/normal.stan", NORMAL)
+        put(root, f"{d}/normal.data.json", data)
+    put(root, "rdump/normal.stan", NORMAL)
+    put(root, "rdump/normal.data.R", f"N <- {len(Y)}\ny <- c({', '.join(map(str, Y))})\n")
+    put(root, "broken/normal.stan", "parameters { real mu } model { mu ~ normal(0, 1); }")
+    put(root, "na/normal.stan", NORMAL)
+    put(root, "na/normal.data.R", "N <- 2\ny <- c(1, NA)\n")
+    put(root, "nodata/normal.stan", NORMAL)
+    return root
+
+
+@pytest.fixture
+def pdb_tree(tmp_path):
+    db = tmp_path / "posteriordb" / "posterior_database"
+    put(db, "models/stan/normal.stan", NORMAL)
+    zipped_json(db / "data" / "data" / "eight.json.zip", {"N": len(Y), "y": Y})
+    put(db, "posteriors/eight-normal.json", json.dumps(
+        {"name": "eight-normal", "model_name": "normal", "data_name": "eight",
+         "reference_posterior_name": "eight-normal"}))
+    draws = np.random.default_rng(1).normal(POST_MEAN, POST_SD, (4, 2500))
+    zipped_json(db / "reference_posteriors" / "draws" / "draws" / "eight-normal.json.zip",
+                [{"mu": chain.tolist()} for chain in draws])
+    return db.parent
+
+
+def fit_files(runs: Path) -> dict[str, float]:
+    return {p.name: p.stat().st_mtime_ns for p in (runs / "records" / "fit").glob("*.json")}
+
+
+def test_posteriordb_batch_on_a_local_cluster_with_accuracy_and_resume(pdb_tree, tmp_path):
+    runs = tmp_path / "runs"
+    cases = discover_posteriordb(pdb_tree)
+    config = BatchConfig(methods=(("trustvi", None), ("advi", None)), seeds=2)
+    counts = run_batch(cases, runs, config, workers=2, progress=False)
+    assert counts == {"converged": 4}
+    store = RunStore(runs)
+    comp = store.get("compile", "eight-normal")
+    assert comp["status"] == "ok" and comp["dim"] == 1 and comp["reference_unconstrained"]
+    for rec in store.query("fit"):
+        assert rec["model"] == "eight-normal" and rec["source"] == "posteriordb"
+        assert rec["elbo_se"] > 0 and rec["draw_evaluations"] > 0 and rec["trace"]
+        assert rec["khat"] is not None and rec["run_time"] >= 0
+        for space in ("constrained", "unconstrained"):
+            acc = rec["accuracy"][space]["marginals"]["mu"]
+            # mean-field is exact here: errors are Monte Carlo / optimisation noise
+            assert acc["mean_error_sd"] < 0.25 and abs(acc["sd_ratio"] - 1) < 0.25, rec["method"]
+    before = fit_files(runs)
+    assert len(before) == 4
+    # the same batch again: nothing is run again, nothing rewritten
+    assert run_batch(cases, runs, config, workers=1, progress=False) == {"converged": 4}
+    assert fit_files(runs) == before
+
+
+def test_failures_are_records_with_reasons(example_tree, tmp_path):
+    runs = str(tmp_path / "runs")
+    cases = {c.name: c for c in discover_example_models(example_tree)}
+    assert "no data file" in cases["nodata/normal"].skip
+    records = {name: compile_task(case, runs) for name, case in cases.items()}
+    assert records["a/normal"]["status"] == "ok" and records["rdump/normal"]["status"] == "ok"
+    assert records["broken/normal"]["status"] == "compile_failed"
+    assert "line 1" in records["broken/normal"]["message"] or "Syntax" in \
+        records["broken/normal"]["message"]
+    assert records["na/normal"]["status"] == "data_error"
+    assert "NA" in records["na/normal"]["message"]
+    assert records["nodata/normal"]["status"] == "skipped"
+    # a fit of a model that did not compile is a record too
+    rec = fit_task(FitSpec("broken/normal", "advi"), cases["broken/normal"],
+                   records["broken/normal"], runs)
+    assert rec["status"] == "not_compiled" and "compile_failed" in rec["message"]
+    # a runaway fit is stopped at its timeout, in the worker, and recorded
+    start = time.perf_counter()
+    rec = fit_task(FitSpec("a/normal", "advi", options={"max_iterations": 10**9,
+                                                          "tol_rel_obj": 1e-300}),
+                   cases["a/normal"], records["a/normal"], runs, timeout=8.0)
+    assert rec["status"] == "timeout" and "8 s" in rec["message"]
+    assert time.perf_counter() - start < 30
+    # bad options are the fit's error, named
+    rec = fit_task(FitSpec("a/normal", "advi", options={"no_such_option": 1}),
+                   cases["a/normal"], records["a/normal"], runs)
+    assert rec["status"] == "error" and "no_such_option" in rec["message"]
+
+
+_BATCH_SCRIPT = """
+import sys
+from stanvi.batch.discover import discover_example_models
+from stanvi.batch.runner import BatchConfig, run_batch
+cases = [c for c in discover_example_models(sys.argv[1]) if c.name in ("a/normal", "b/normal", "c/normal")]
+config = BatchConfig(methods=(("trustvi", None), ("advi", None)), seeds=int(sys.argv[3]))
+print(run_batch(cases, sys.argv[2], config, workers=2, progress=False, scheduler=(sys.argv[4] if len(sys.argv) > 4 else None)))
+"""
+
+
+def test_resume_after_kill_9_of_the_running_batch(example_tree, tmp_path):
+    runs = tmp_path / "runs"
+    args = [sys.executable, "-c", _BATCH_SCRIPT, str(example_tree), str(runs), "3"]
+    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while len(fit_files(runs) if (runs / "records" / "fit").is_dir() else {}) < 3:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)       # the client, its cluster and the running fits
+    proc.wait()
+    survived = {p.name: p.read_text() for p in (runs / "records" / "fit").glob("*.json")}
+    assert 3 <= len(survived) < 18
+    for text in survived.values():
+        assert json.loads(text)["status"] in ("converged", "max_iters")
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    files = {p.name: p.read_text() for p in (runs / "records" / "fit").glob("*.json")}
+    planned = {spec.key for _, spec in plan(
+        [c for c in discover_example_models(example_tree)
+         if c.name in ("a/normal", "b/normal", "c/normal")],
+        BatchConfig(methods=(("trustvi", None), ("advi", None)), seeds=3))}
+    assert {json.loads(t)["key"] for t in files.values()} == planned and len(files) == 18
+    for name, text in survived.items():      # finished records were kept, not redone
+        assert files[name] == text
+
+
+def _start(args, log):
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_scheduler_and_worker_processes_and_a_worker_killed_mid_task(example_tree, tmp_path):
+    if not DASK.exists():
+        pytest.skip(f"no dask command next to {sys.executable}")
+    sched_file = tmp_path / "scheduler.json"
+    log = open(tmp_path / "dask.log", "w")
+    procs = [_start([str(DASK), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                     "--no-dashboard", "--scheduler-file", str(sched_file)], log)]
+    try:
+        deadline = time.time() + 60
+        while not sched_file.exists() or not sched_file.read_text().strip():
+            assert time.time() < deadline, "the scheduler did not start"
+            time.sleep(0.2)
+        address = json.loads(sched_file.read_text())["address"]
+        for _ in range(2):
+            procs.append(_start([str(DASK), "worker", address, "--nthreads", "1", "--no-nanny",
+                                 "--host", "127.0.0.1", "--no-dashboard"], log))
+        runs = tmp_path / "runs"
+        args = [sys.executable, "-c", _BATCH_SCRIPT, str(example_tree), str(runs), "2", address]
+        batch = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # once a fit has finished, kill -9 one worker (with whatever it is running)
+        deadline = time.time() + 300
+        while not (runs / "records" / "fit").is_dir() or not fit_files(runs):
+            assert batch.poll() is None, batch.communicate()
+            assert time.time() < deadline
+            time.sleep(0.2)
+        os.killpg(procs[1].pid, signal.SIGKILL)
+        out, err = batch.communicate(timeout=600)
+        assert batch.returncode == 0, err[-3000:]
+        files = [json.loads(p.read_text()) for p in (runs / "records" / "fit").glob("*.json")]
+        assert len(files) == 12 and len({r["key"] for r in files}) == 12
+        # each task finished on the surviving worker, or (killed under it) was retried there
+        assert {r["status"] for r in files} <= {"converged", "max_iters", "lost"}
+        assert sum(r["status"] != "lost" for r in files) >= 11
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.close()
