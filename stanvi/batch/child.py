@@ -15,7 +15,8 @@ Jobs:
   parameter) unconstrained space, to ``<runs>/references/<model>.npz`` for the fit tasks.
 * ``fit``: ``stanvi.fit`` of the compiled library with the job's method, profile, family, seed and
   options; the record holds the status and message, the final ELBO from 10,000 fresh draws with
-  its standard error, the trace (thinned to at most 400 rows), the oracle ledger, draw-level model
+  its standard error, the paper protocol's figures (the final ELBO on draws common to every run
+  of the model, evaluation ELBOs along the trace), the trace (thinned to at most 400 rows), the oracle ledger, draw-level model
   evaluations, run time and JAX compile time apart, the k-hat diagnostic and, with reference
   draws, the accuracy figures of :mod:`stanvi.batch.accuracy`.
 """
@@ -35,6 +36,9 @@ import numpy as np
 RESULT_PREFIX = "STANVI_BATCH_RESULT "
 TRACE_ROWS = 400
 ELBO_DRAWS = 10_000
+EVAL_DRAWS = 2_000
+TRACE_POINTS = 40
+COMMON_DRAWS_SEED = 20261124   # the common draws of every run of a model (as the benches use)
 
 
 def _case(job: dict):
@@ -115,6 +119,27 @@ def _thin_trace(rows: list[dict]) -> tuple[list[dict], bool]:
     return [rows[i] for i in sorted(keep)][:TRACE_ROWS], True
 
 
+def _protocol_summary(result, job: dict) -> dict[str, Any]:
+    """The figures of the TrustVI paper's protocol (docs/algorithms.md#benchmark-protocol), as
+    ``stanvi bench methods`` computes them (:func:`stanvi.bench.methods_bench.summarize_run`):
+    ``final_elbo`` on 10,000 draws common to every run and method of the model (a failed run
+    is −inf, stored as null), and the evaluation ELBO on the first 2,000 of them at up to
+    ``trace_points`` log-spaced trace rows, with each row's iteration, oracle calls, draw-level
+    evaluations and run time."""
+    import jax  # noqa: PLC0415
+
+    from stanvi.bench.methods_bench import summarize_run  # noqa: PLC0415
+    from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
+
+    eps_final = standard_normal(jax.random.PRNGKey(COMMON_DRAWS_SEED), ELBO_DRAWS,
+                                result.family.dim)
+    run = summarize_run(result, "", eps_final, eps_final[:EVAL_DRAWS],
+                        int(job.get("trace_points", TRACE_POINTS)))
+    return {"final_elbo": run.final_elbo, "trace_points": {
+        "iteration": run.trace_iter, "oracle": run.trace_oracle, "draws": run.trace_draws,
+        "run_time": run.trace_wall, "elbo": run.trace_elbo}}
+
+
 def fit_job(job: dict) -> dict[str, Any]:
     from stanvi.batch.accuracy import labelled_draws, marginal_accuracy  # noqa: PLC0415
     from stanvi.batch.discover import load_data  # noqa: PLC0415
@@ -130,6 +155,7 @@ def fit_job(job: dict) -> dict[str, Any]:
         return {"status": "error", "message": _first_lines(exc)}
     elbo, elbo_se = result.elbo(ELBO_DRAWS)
     diag = result.diagnostics()
+    protocol = _protocol_summary(result, job)
     trace, thinned = _thin_trace([dict(r) for r in result.trace.rows])
     evaluations = result.info.get("model_evaluations") or {}
     record: dict[str, Any] = {
@@ -141,7 +167,8 @@ def fit_job(job: dict) -> dict[str, Any]:
         "run_time": result.run_time, "setup_time": result.setup_time,
         "khat": diag.khat, "khat_se": diag.khat_se, "verdict": diag.verdict, "ess": diag.ess,
         "info": {k: v for k, v in result.info.items()
-                 if isinstance(v, (int, float, str, bool)) or v is None}}
+                 if isinstance(v, (int, float, str, bool)) or v is None},
+        **protocol}
     ref_path = job.get("reference_npz")
     if ref_path and Path(ref_path).is_file():
         with np.load(ref_path) as npz:

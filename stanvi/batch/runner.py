@@ -105,7 +105,7 @@ def _client(scheduler: str | None, workers: int | None):
     if scheduler:
         return Client(scheduler), None
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
-                           processes=True, dashboard_address=None, silence_logs=40)
+                           processes=True, dashboard_address=":0", silence_logs=40)
     return Client(cluster), cluster
 
 
