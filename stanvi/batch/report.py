@@ -1,0 +1,221 @@
+"""``stanvi report RUNS_DIR``: a static HTML page, CSV tables and plots from a batch's records
+(issue P2-2, "Report").
+
+Written to ``OUT`` (default ``RUNS_DIR/report``):
+
+* ``fits.csv``: one row per fit record (identity, status, message, ELBOs, oracle calls, draw-level
+  evaluations, times, k̂, accuracy medians);
+* ``models.csv``: one row per (model, configuration) (:func:`stanvi.batch.summary.model_rows`);
+* ``protocol.csv``: the TrustVI paper's protocol for every TrustVI configuration against every
+  other configuration, one row per model (:func:`stanvi.batch.summary.protocol_pairs`);
+* ``compiles.csv``: one row per model: compile status and reason, dimension;
+* ``cdf_speedups.png`` (the CDF of oracle-call ratios, the paper's Figure 4 style, with its
+  headline marks at 12× and 36×), ``accuracy.png`` (standardized mean error against W1/sd per
+  model and configuration), ``traces.png`` (ELBO against oracle calls of each configuration's
+  median run, for the models where the configurations differ most);
+* ``index.html`` showing all of it.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stanvi.batch.store import RunStore
+from stanvi.batch.summary import (as_run, config_of, group_runs, model_rows, pair_summary,
+                                  protocol_pairs)
+
+__all__ = ["write_report"]
+
+FIT_COLUMNS = ("model", "source", "method", "profile", "family", "seed", "status", "final_elbo",
+               "elbo", "elbo_se", "iterations", "draw_evaluations", "run_time", "compile_time",
+               "khat", "verdict", "mean_error_sd", "w1_sd", "message")
+
+
+def _fit_row(r: dict) -> dict[str, Any]:
+    acc = (r.get("accuracy") or {}).get("constrained") or {}
+    row = {k: r.get(k) for k in FIT_COLUMNS}
+    row.update(profile=r.get("profile") or "default", mean_error_sd=acc.get("mean_error_sd_median"),
+               w1_sd=acc.get("w1_sd_median"), message=(r.get("message") or "")[:300])
+    return row
+
+
+def _write_csv(path: Path, rows: list[dict], columns: list[str] | tuple[str, ...]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+
+
+def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    made = []
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, pairs in pairs_by_name.items():
+        ratios = np.sort([p["ratio"] for p in pairs if p.get("quality") and not p["excluded"]])
+        if ratios.size:
+            ax.step(np.concatenate([[ratios[0]], ratios]),
+                    np.concatenate([[0], np.arange(1, ratios.size + 1) / ratios.size]),
+                    where="post", label=f"{name} (n={ratios.size})")
+    for mark in (12, 36):
+        ax.axvline(mark, color="grey", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("oracle-call ratio (baseline / TrustVI) to the threshold")
+    ax.set_ylabel("fraction of models with ratio ≤ x")
+    ax.set_title("Speed-ups (paper: ≥12× on 50%, ≥36× on 25% vs ADVI)", fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "cdf_speedups.png", dpi=110)
+    plt.close(fig)
+    made.append("cdf_speedups.png")
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for cfg in sorted({r["config"] for r in rows}):
+        pts = [(r["mean_error_sd"], r["w1_sd"]) for r in rows
+               if r["config"] == cfg and r["mean_error_sd"] is not None and r["w1_sd"] is not None]
+        if pts:
+            x, y = zip(*pts)
+            ax.scatter(x, y, s=14, label=cfg, alpha=0.75)
+    ax.set_xscale("symlog", linthresh=0.01)
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_xlabel("median standardized mean error |mean − ref| / sd_ref")
+    ax.set_ylabel("median W1 / sd_ref")
+    ax.set_title("Accuracy against reference draws (constrained space), per model", fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png", dpi=110)
+    plt.close(fig)
+    made.append("accuracy.png")
+
+    spread = {}
+    for r in rows:
+        if r["gap_to_best"] is not None:
+            spread[r["model"]] = max(spread.get(r["model"], 0.0), r["gap_to_best"])
+    chosen = sorted(spread, key=lambda m: -spread[m])[:6]
+    if chosen:
+        fig, axes = plt.subplots(2, 3, figsize=(11, 6.5), squeeze=False)
+        from stanvi.bench.methods_bench import median_run  # noqa: PLC0415
+
+        for ax, model in zip(axes.flat, chosen):
+            best = -math.inf
+            for cfg, recs in sorted(grouped[model].items()):
+                med = median_run([as_run(r) for r in recs])
+                if med.trace_elbo.size and np.any(np.isfinite(med.trace_elbo)):
+                    ax.plot(np.maximum(med.trace_oracle, 1e-1), med.trace_elbo, marker=".",
+                            ms=3, lw=1, label=cfg)
+                    best = max(best, np.nanmax(np.where(np.isfinite(med.trace_elbo),
+                                                        med.trace_elbo, -np.inf)))
+            if math.isfinite(best):
+                ax.set_ylim(best - 50, best + 5)
+            ax.set_xscale("log")
+            ax.set_title(model, fontsize=8)
+            ax.set_xlabel("oracle calls", fontsize=7)
+            ax.set_ylabel("ELBO (2,000 common draws)", fontsize=7)
+            ax.tick_params(labelsize=7)
+        for ax in list(axes.flat)[len(chosen):]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "traces.png", dpi=100)
+        plt.close(fig)
+        made.append("traces.png")
+    return made
+
+
+def _table(rows: list[dict], columns, *, limit: int | None = None, cls: str = "") -> str:
+    def cell(v):
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return f"{v:.4g}" if math.isfinite(v) else str(v)
+        return html.escape(str(v))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>"
+                   for r in (rows if limit is None else rows[:limit]))
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of ``runs_dir`` to ``out`` (default ``runs_dir/report``); returns the
+    path of ``index.html``."""
+    store = RunStore(runs_dir)
+    out = Path(out) if out is not None else Path(runs_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    fits = list(store.records("fit"))
+    compiles = list(store.records("compile"))
+    dims = {c["model"]: c.get("dim") for c in compiles if c.get("dim") is not None}
+    grouped = group_runs(fits)
+    rows = model_rows(grouped, dims)
+    configs = sorted({config_of(r) for r in fits})
+    pairs_by_name, protocol_rows, summaries = {}, [], []
+    for tested in (c for c in configs if c.startswith("trustvi:")):
+        for baseline in (c for c in configs if not c.startswith("trustvi:")):
+            pairs = protocol_pairs(grouped, tested, baseline)
+            if pairs:
+                name = f"{tested} vs {baseline}"
+                pairs_by_name[name] = pairs
+                protocol_rows += pairs
+                s = pair_summary(pairs)
+                summaries.append({"comparison": name, **{k: v for k, v in s.items()
+                                                         if k != "ratios"}})
+    _write_csv(out / "fits.csv", [_fit_row(r) for r in fits], FIT_COLUMNS)
+    model_cols = list(rows[0]) if rows else ["model"]
+    _write_csv(out / "models.csv", rows, model_cols)
+    pcols = ("model", "tested", "baseline", "quality", "threshold", "oracle_a", "oracle_b",
+             "ratio", "excluded")
+    _write_csv(out / "protocol.csv", protocol_rows, pcols)
+    ccols = ("model", "source", "status", "dim", "message", "compile_seconds")
+    _write_csv(out / "compiles.csv", compiles, ccols)
+    images = _plots(out, grouped, rows, pairs_by_name)
+
+    status_counts: dict[str, dict[str, int]] = {}
+    for r in fits:
+        status_counts.setdefault(config_of(r), {}).setdefault(r.get("status"), 0)
+        status_counts[config_of(r)][r.get("status")] += 1
+    status_rows = [{"config": c, **{k: str(v) for k, v in sorted(s.items())}}
+                   for c, s in sorted(status_counts.items())]
+    status_cols = ["config"] + sorted({k for s in status_counts.values() for k in s})
+    compiled = sum(c.get("status") == "ok" for c in compiles)
+    page = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>stanvi batch report</title>",
+        "<style>body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:"
+        "collapse;font-size:12px;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px}"
+        "th{background:#eee}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}</style>",
+        "</head><body>",
+        f"<h1>stanvi batch report</h1><p>Runs directory: <code>{html.escape(str(runs_dir))}"
+        f"</code>. Models: {len(compiles)} found, {compiled} compiled and loaded; fits: "
+        f"{len(fits)} records. Tables: <a href='fits.csv'>fits.csv</a>, "
+        f"<a href='models.csv'>models.csv</a>, <a href='protocol.csv'>protocol.csv</a>, "
+        f"<a href='compiles.csv'>compiles.csv</a>.</p>",
+        "<h2>Fit outcomes by configuration</h2>", _table(status_rows, status_cols, cls="status"),
+        "<h2>The TrustVI paper's protocol</h2><p>Median runs over seeds; a tie is within 1 nat; "
+        "ratios are the baseline's oracle calls over TrustVI's to the threshold (the worse "
+        "final ELBO − 1 nat), over the pairs kept.</p>",
+        _table(summaries, ["comparison", "models", "judged", "tested_better", "tie",
+                           "baseline_better", "kept", "faster", "ge_12x", "ge_36x",
+                           "median_ratio"], cls="protocol"),
+        *(f"<img src='{img}' alt='{img}'>" for img in images),
+        "<h2>Per model</h2>", _table(rows, model_cols, cls="models"),
+        "<h2>Models that did not compile or load</h2>",
+        _table([c for c in compiles if c.get("status") != "ok"], ccols, cls="compiles"),
+        # for tests in a browser: how many images decoded, once the page has loaded
+        "<script>window.addEventListener('load', () => { document.body.dataset.imagesLoaded = "
+        "[...document.images].filter(i => i.complete && i.naturalWidth > 0).length; });"
+        "</script>",
+        "</body></html>"]
+    index = out / "index.html"
+    index.write_text("\n".join(page))
+    return index

@@ -1,0 +1,122 @@
+"""``stanvi report`` (issue P2-2, "Report"): the tables computed from a runs directory of
+synthetic records whose protocol figures are known, and the HTML page loaded in a real browser
+(headless Chromium, skipped with the reason where it is not installed)."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+
+import pytest
+
+from stanvi.batch.report import write_report
+from stanvi.batch.store import RunStore
+
+
+def record(model, method, seed, final, iters, oracle, elbo, status="converged", dim=3, acc=None):
+    rec = {"model": model, "source": "posteriordb", "method": method, "profile": None,
+           "family": "meanfield", "seed": seed, "options": {}, "status": status,
+           "message": "" if status == "converged" else "stan::variational: boom",
+           "final_elbo": final if status != "failed" else None, "elbo": final, "elbo_se": 0.01,
+           "iterations": iters[-1], "draw_evaluations": 1000 + seed, "run_time": 0.5,
+           "compile_time": 0.1, "khat": 0.3, "verdict": "good", "oracle": {"oracle_scaled": oracle[-1]},
+           "trace_points": {"iteration": iters, "oracle": oracle, "draws": [10 * o for o in oracle],
+                            "run_time": [0.01 * i for i in iters], "elbo": elbo}}
+    if acc is not None:
+        rec["accuracy"] = {"constrained": {"mean_error_sd_median": acc, "w1_sd_median": 2 * acc}}
+    return rec
+
+
+@pytest.fixture
+def runs(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    for seed, shift in enumerate((0.0, 0.2, -0.2)):
+        # m1: TrustVI reaches the threshold (-11.8) at 20 oracle calls, ADVI at 1200: 60x; a tie
+        store.put("fit", f"m1-t-{seed}", record("m1", "trustvi", seed, -10.0 + shift, [0, 5, 10, 20],
+                                                [0, 10, 20, 40], [-100, -20, -10.5, -10], acc=0.05))
+        store.put("fit", f"m1-a-{seed}", record("m1", "advi", seed, -10.8 + shift, [0, 50, 100, 300],
+                                                [0, 100, 400, 1200], [-100, -50, -12, -10.8], acc=0.3))
+        # m2: ADVI fails on every seed -> the pair is excluded; TrustVI 3 nats better is moot
+        store.put("fit", f"m2-t-{seed}", record("m2", "trustvi", seed, -5.0, [0, 6, 12],
+                                                [0, 5, 9], [-50, -6, -5]))
+        store.put("fit", f"m2-a-{seed}", record("m2", "advi", seed, None, [0, 50], [0, 100],
+                                                [-50, -8], status="failed"))
+        # m3: both reach the threshold within 4 iterations -> excluded; TrustVI better by 2 nats
+        store.put("fit", f"m3-t-{seed}", record("m3", "trustvi", seed, -1.0, [0, 2, 3], [0, 2, 3],
+                                                [-30, -1.5, -1.0]))
+        store.put("fit", f"m3-a-{seed}", record("m3", "advi", seed, -3.0, [0, 1, 2], [0, 4, 8],
+                                                [-30, -3.5, -3.0]))
+    for m in ("m1", "m2", "m3"):
+        store.put("compile", m, {"model": m, "source": "posteriordb", "status": "ok", "dim": 3})
+    store.put("compile", "m4", {"model": "m4", "source": "posteriordb", "status": "compile_failed",
+                                "message": "Syntax error in 'm4.stan', line 2"})
+    return tmp_path / "runs"
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_report_tables(runs):
+    index = write_report(runs)
+    out = index.parent
+    proto = {r["model"]: r for r in rows(out / "protocol.csv")}
+    assert float(proto["m1"]["ratio"]) == pytest.approx(60.0)
+    assert float(proto["m1"]["threshold"]) == pytest.approx(-11.8)
+    assert proto["m1"]["quality"] == "tie" and proto["m1"]["excluded"] == ""
+    assert proto["m2"]["excluded"] == "a median run failed"
+    assert proto["m3"]["excluded"] == "fewer than 5 iterations" and proto["m3"]["quality"] == "a_better"
+    models = {(r["model"], r["config"]): r for r in rows(out / "models.csv")}
+    t1 = models[("m1", "trustvi:default:meanfield")]
+    assert float(t1["median_final_elbo"]) == pytest.approx(-10.0)
+    assert float(t1["draws_to_1nat"]) == pytest.approx(200.0)   # the point at 20 oracle calls
+    a1 = models[("m1", "advi:default:meanfield")]
+    assert float(a1["gap_to_best"]) == pytest.approx(0.8)
+    assert float(a1["draws_to_1nat"]) == pytest.approx(12000.0)   # -10.8 >= best - 1 = -11
+    assert float(a1["mean_error_sd"]) == pytest.approx(0.3)
+    a2 = models[("m2", "advi:default:meanfield")]
+    assert a2["ok"] == "0" and "failed: stan::variational: boom" in a2["failures"]
+    assert len(rows(out / "fits.csv")) == 18
+    compiles = {r["model"]: r for r in rows(out / "compiles.csv")}
+    assert compiles["m4"]["status"] == "compile_failed"
+    page = index.read_text()
+    for needle in ("trustvi:default:meanfield vs advi:default:meanfield", "m4", "Syntax error",
+                   "cdf_speedups.png", "accuracy.png", "traces.png"):
+        assert needle in page
+    for img in ("cdf_speedups.png", "accuracy.png", "traces.png"):
+        assert (out / img).stat().st_size > 5000
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def test_report_renders_in_headless_chromium(runs, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium); "
+                    "the page's tables are checked by test_report_tables")
+    index = write_report(runs)
+    shot = tmp_path / "shot.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             "--virtual-time-budget=5000", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", index.as_uri()], capture_output=True,
+                         text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # the page's own script counts the images that decoded, once they have loaded
+    assert 'data-images-loaded="3"' in dom.stdout, dom.stdout[:2000]
+    assert dom.stdout.count("<table") == 4 and "60" in dom.stdout
+    res = subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1400,2400",
+                          index.as_uri()], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and shot.stat().st_size > 20_000, res.stderr[-2000:]
+    from PIL import Image  # matplotlib's dependency  # noqa: PLC0415
+
+    with Image.open(shot) as im:
+        colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50      # not a blank page
