@@ -30,8 +30,14 @@ Keys: global iteration t counts every gradient step, adaptation included; step t
 ``elbo_samples/128`` per ``calc_ELBO``; redrawn and screening draws are counted as draws.  The
 trace has row 0 = q₀ and one row per gradient step (``phase`` 'adapt' | 'sgd', ``eta``, ``step``;
 ``elbo``, ``rel_change``, ``rel_mean``, ``rel_median`` at checks; ``grad_failed``,
-``diverging``).  The budget is checked after every iteration.  Statuses: 'converged',
-'max_iters', 'budget', 'failed'.  "MAY BE DIVERGING" issues one :class:`ADVIWarning` per run.
+``diverging``).  Statuses: 'converged', 'max_iters', 'budget', 'failed'.  "MAY BE DIVERGING"
+issues one :class:`ADVIWarning` per run.
+
+Shape (as TrustVI's and HFSGVI's): one :class:`State` step per gradient step (trace row); the
+eta trials and the SGD phase are :func:`_adapt_step` / :func:`_sgd_step` driven by the shared loop
+:func:`~stanvi.methods.base.iterate` (trace rows, progress line, budget check after every step).
+A step reads its iterate from the compiled chunk in its state and runs the next chunk when that is
+used up: up to the next ELBO check, the trial's end or the step that spends the budget.
 """
 
 from __future__ import annotations
@@ -39,21 +45,21 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from stanvi.errors import VIError
-from stanvi.estimators.elbo import ElboEstimator, standard_normal
+from stanvi.estimators.elbo import ElboEstimator
 from stanvi.estimators.stan_advi import GRAD_NAN, ElboFailure, calc_elbo
-from stanvi.methods.base import (MethodResult, OracleLedger, Trace, compile_clock,
-                                 purpose_key)
+from stanvi.methods.base import (MethodResult, OracleLedger, StepOutcome, Trace, compile_clock,
+                                 iterate, purpose_key)
 from stanvi.methods.advi_rules import DBL_MAX, RelativeTolerance, rel_difference, select_eta
-from stanvi.methods.advi_output import output_failure
-from stanvi.methods.advi_sgd import _chunk_for, advance, gradient_failure_message
-from stanvi.methods.checks import (PROBE_DRAWS, divergence, improper_direction,
-                                   runaway_coordinates)
+from stanvi.methods.advi_output import runaway_message as _runaway_message, sgd_end
+from stanvi.methods.advi_sgd import (ChunkResult, _chunk_for, advance, gradient_failure_message,
+                                     steps_within_budget)
 
 # Hard-coded in [S] advi.hpp / the families.
 
@@ -153,44 +159,170 @@ DEFAULT_PROFILE = "stan"
 ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
 
 
-# --------------------------------------------------------------------------------- ELBO
+# --------------------------------------------------------------------------------- state
+class State(NamedTuple):
+    """ADVI's state between gradient steps (one trace row each): the iterate, Stan's step index k
+    in the phase (an eta trial or SGD), η, the compiled chunk being read (the next one starts from
+    its ``params`` and step-size history ``s``) and how many of its steps were read, the phase's
+    last ELBOs (a trial's one; SGD's last three checks) and whether "MAY BE DIVERGING" was
+    warned."""
+
+    params: np.ndarray
+    k: int
+    eta: float
+    chunk: ChunkResult | None = None
+    read: int = 0
+    elbos: tuple[float, ...] = ()
+    warned: bool = False
+
+
+class _Setup(NamedTuple):
+    """What every step reads and never rebinds (and the ledger, trace, info and SGD's
+    :class:`RelativeTolerance` it updates)."""
+
+    target: Any
+    family: Any
+    est: ElboEstimator
+    key: jax.Array
+    opt: Options
+    context: Any
+    ledger: OracleLedger
+    trace: Trace
+    info: dict[str, Any]
+    params0: np.ndarray
+    monitor: RelativeTolerance | None = None
+
+
 class _BudgetSpent(Exception):
-    """Internal: the oracle budget ran out inside an adaptation trial."""
+    """Internal: the oracle budget ran out inside an adaptation trial (args: its iterate)."""
 
 
-def _runaway_message(target, family, params, params0, key: jax.Array, opt: Options, ledger,
-                     eta: float, message: str) -> str:
-    """The failed gradient's message, explained when q ran away before it (stanvi's addition,
-    ``improper_check``).  A runaway alone does not tell an improper posterior from steps that
-    diverged (η too large: mesquite from posteriordb ran away at η = 100 with a proper posterior),
-    so the improper-direction probe decides, run from the finite q₀ along the coordinates where q
-    ran away."""
-    runaway = divergence(family, params) if opt.improper_check else None
-    if runaway is None:
-        return message
-    improper = improper_direction(
-        target, family, params0,
-        standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger,
-        coordinates=runaway_coordinates(family, params))
-    if improper is not None:
-        return f"{improper}; {runaway.split(':')[0]} ({message})"
-    return (f"ADVI's steps diverged: {runaway.split(':')[0]}, although q's ELBO does not keep "
-            f"rising as q widens there (so not an improper posterior): the step size "
-            f"eta = {eta:g} may be too large for this model ({message})")
+def _result(s: _Setup, status: str, message: str, params) -> MethodResult:
+    return MethodResult(np.array(params, dtype=float), s.trace, s.ledger, status, message, s.info)
 
 
-def _steps_within_budget(context, scaled: float, per_step: float, n: int) -> int:
-    """How many of the next n gradient steps run before the budget is spent (the step that
-    spends it included), mirroring the ledger's float accumulation."""
-    if context.max_oracle_calls is None:
-        return n
-    for i in range(1, n + 1):
-        scaled += per_step
-        if context.over_budget(scaled):
-            return i
-    return n
+def _elbo(s: _Setup, params, t: int) -> float:
+    """``calc_ELBO`` at ``params`` with the key of trace row t, charged."""
+    s.ledger.elbo_estimate(s.opt.elbo_samples)
+    return calc_elbo(s.est, params, purpose_key(s.key, t, "elbo"), s.opt.elbo_samples, s.ledger)
 
 
+def _next_step(s: _Setup, state: State, t: int, limit: int, phase: str):
+    """Gradient step t (Stan's k + 1) as (state, trace row), read from the compiled chunk; when
+    that is used up, the next chunk runs first: up to ``limit`` steps, fewer where the budget
+    runs out (:func:`~stanvi.methods.advi_sgd.steps_within_budget`).  Row None: the step's
+    gradient failed in SGD, the step was not taken."""
+    o, chunk = s.opt, state.chunk
+    if chunk is None or (state.read == chunk.n_done and not chunk.fatal):
+        p, h = (s.params0, np.zeros_like(s.params0)) if chunk is None else (chunk.params, chunk.s)
+        n = steps_within_budget(s.context, s.ledger.scaled, o.grad_samples / 256.0,
+                                min(_chunk_for(s.family), limit))
+        chunk = advance(s.est, p, h, k0=state.k, n_steps=n, t0=t - 1, eta=state.eta, key=s.key,
+                        absorb=phase == "adapt", grad_samples=o.grad_samples)
+        # the failed gradient's drops are not in chunk.drops
+        s.info["grad_draws_dropped"] += int(chunk.drops.sum()) + chunk.fatal_drops
+        s.info["grad_failures"] += int(np.count_nonzero(chunk.grad_failed)) + int(chunk.fatal)
+        s.ledger.redrawn(chunk.evaluated - (chunk.n_done + int(chunk.fatal)) * o.grad_samples)
+        state = state._replace(chunk=chunk, read=0)
+    i = state.read
+    if i == chunk.n_done:
+        return state, None
+    s.ledger.gradient(o.grad_samples)
+    row = {"phase": phase, "eta": state.eta, "step": state.k + 1}
+    if chunk.grad_failed[i]:
+        row["grad_failed"] = True
+        if chunk.grad_failed[i] == GRAD_NAN:
+            row["grad_nan"] = True
+    return state._replace(params=chunk.history[i], k=state.k + 1, read=i + 1), row
+
+
+# --------------------------------------------------------------------------------- eta trials
+def _adapt_step(s: _Setup, state: State, t: int) -> StepOutcome:
+    """Step t of an eta trial; the trial's last step computes its ELBO (−DBL_MAX in
+    ``adapt_elbos`` when ``calc_ELBO`` throws, as in [S] ``adapt_eta``)."""
+    state, row = _next_step(s, state, t, s.opt.adapt_iter - state.k, "adapt")
+    if state.k == s.opt.adapt_iter:
+        try:
+            elbo = _elbo(s, state.params, t)
+            row["elbo"] = elbo
+        except ElboFailure:
+            elbo = -DBL_MAX
+            row.update(elbo=-math.inf, elbo_failed=True)
+        s.info["adapt_elbos"].append({"eta": state.eta, "elbo": elbo})
+        state = state._replace(elbos=(elbo,))
+    s.info["adapt_steps"] = t
+    return StepOutcome(state, row)
+
+
+def _trial(s: _Setup, eta: float) -> float:
+    """One trial of [S] ``adapt_eta``: ``adapt_iter`` steps from q₀ with a fresh step-size
+    history, failed gradients zero gradients; its ELBO."""
+    state, _, status, _ = iterate(partial(_adapt_step, s), State(s.params0, 0, eta),
+                                  max_iters=s.opt.adapt_iter, trace=s.trace, ledger=s.ledger,
+                                  context=s.context, start=len(s.trace) - 1)
+    if status == "budget":
+        raise _BudgetSpent(state.params)
+    return state.elbos[0]
+
+
+# --------------------------------------------------------------------------------- SGD
+def _sgd_step(s: _Setup, state: State, t: int) -> StepOutcome:
+    """SGD step t ([S] ``stochastic_gradient_ascent``): at every ``eval_elbo``-th step
+    ``calc_ELBO``, the relative-tolerance test and Stan's "MAY BE DIVERGING" note; a failed
+    gradient or ELBO ends the run; 'max_iters' after ``max_iterations`` steps."""
+    o, info, monitor = s.opt, s.info, s.monitor
+    next_check = (state.k // o.eval_elbo + 1) * o.eval_elbo
+    state, row = _next_step(s, state, t, min(next_check, o.max_iterations) - state.k, "sgd")
+    k = state.k
+    if row is None:
+        s.ledger.gradient(o.grad_samples)   # the failed gradient's work was done
+        info["sgd_iterations"] = k
+        message = (f"{gradient_failure_message(s.family, state.chunk.fatal_kind, o.grad_samples)}"
+                   f" (SGD iteration {k + 1})")
+        return StepOutcome(state, None, ("failed", _runaway_message(
+            s.target, s.family, state.params, s.params0, s.key, o, s.ledger, state.eta, message)))
+    stop = None
+    if k % o.eval_elbo == 0:
+        try:
+            check = monitor.update(_elbo(s, state.params, t))
+        except ElboFailure as exc:
+            row["elbo_failed"] = True
+            info["sgd_iterations"] = k
+            return StepOutcome(state, row, ("failed", f"{exc} (SGD iteration {k})"),
+                               {"elbo": monitor.elbo})
+        state = state._replace(elbos=state.elbos[-2:] + (check.elbo,))
+        row.update(elbo=check.elbo, rel_change=check.rel_change, rel_mean=check.rel_mean,
+                   rel_median=check.rel_median)
+        info.update(elbo=check.elbo, elbo_best=monitor.elbo_best, rel_mean=check.rel_mean,
+                    rel_median=check.rel_median)
+        if k > 10 * o.eval_elbo and (check.rel_median > 0.5 or check.rel_mean > 0.5):
+            row["diverging"] = True
+            info["messages"].append(f"iteration {k}: MAY BE DIVERGING... INSPECT ELBO")
+            if not state.warned:
+                state = state._replace(warned=True)
+                # stacklevel: this step, iterate, run, run's caller
+                warnings.warn(f"ADVI at iteration {k}: relative ELBO change mean "
+                              f"{check.rel_mean:.3g}, median {check.rel_median:.3g}: MAY BE "
+                              f"DIVERGING... INSPECT ELBO", ADVIWarning, stacklevel=4)
+        if check.converged:
+            stop = ("converged", "")
+            info["converged_by"] = "+".join(
+                name for name, hit in (("mean", check.converged_mean),
+                                       ("median", check.converged_median)) if hit)
+            if rel_difference(check.elbo, monitor.elbo_best) > 0.05:
+                info["messages"].append(
+                    "Informational Message: The ELBO at a previous iteration is larger than "
+                    "the ELBO upon convergence! This variational approximation may not have "
+                    "converged to a good optimum.")
+    if stop is None and k == o.max_iterations:
+        stop = ("max_iters", "")
+        info["messages"].append("Informational Message: The maximum number of iterations is "
+                                "reached! The algorithm may not have converged.")
+    info["sgd_iterations"] = k
+    return StepOutcome(state, row, stop, {"elbo": monitor.elbo})
+
+
+# --------------------------------------------------------------------------------- run
 def run(target, family, *, key: jax.Array, options: Options, context) -> MethodResult:
     """Stan's ADVI on ``target`` with variational ``family`` (MeanField or FullRank('stan')).
 
@@ -209,192 +341,58 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
     opt = options
     mu0, init_kind = context.initial_mean(opt.init)
     params0 = np.asarray(family.initial_params(mu0, opt.init_log_scale), dtype=float)
-    zeros = np.zeros_like(params0)
-    per_grad = opt.grad_samples / 256.0  # for budget look-ahead; the ledger charges the same
-    ledger, trace = OracleLedger(), Trace(compile_clock=compile_clock(est))
     info: dict[str, Any] = {"init": init_kind, "cb_size": opt.cb_size, "messages": [],
                             "adapt_elbos": [], "adapt_steps": 0, "sgd_iterations": 0,
                             "grad_draws_dropped": 0, "grad_failures": 0,
                             "eta_adapted": bool(opt.adapt_engaged)}
-    state = {"t": 0, "params": params0}
-
-    def result(status: str, message: str = "", params=None) -> MethodResult:
-        p = state["params"] if params is None else params
-        return MethodResult(np.array(p, dtype=float), trace, ledger, status, message, info)
-
-    def elbo_at(params, t: int) -> float:
-        ledger.elbo_estimate(opt.elbo_samples)
-        return calc_elbo(est, params, purpose_key(key, t, "elbo"), opt.elbo_samples, ledger)
-
-    def run_steps(params, s, k0, n, eta, absorb, fields):
-        """Run n steps, record all but the last row; return (chunk, last row's fields)."""
-        chunk = advance(est, params, s, k0=k0, n_steps=n, t0=state["t"], eta=eta, key=key,
-                        absorb=absorb, grad_samples=opt.grad_samples)
-        info["grad_draws_dropped"] += int(chunk.drops.sum())
-        info["grad_failures"] += int(np.count_nonzero(chunk.grad_failed))
-        if chunk.fatal:   # the failed gradient (its drops are not in chunk.drops)
-            info["grad_draws_dropped"] += chunk.fatal_drops
-            info["grad_failures"] += 1
-        ledger.redrawn(chunk.evaluated - (chunk.n_done + int(chunk.fatal)) * opt.grad_samples)
-        rows = []
-        for i in range(chunk.n_done):
-            ledger.gradient(opt.grad_samples)
-            row = dict(fields, step=k0 + i + 1)
-            if chunk.grad_failed[i]:
-                row["grad_failed"] = True
-                if chunk.grad_failed[i] == GRAD_NAN:
-                    row["grad_nan"] = True
-            rows.append(row)
-            if i < chunk.n_done - 1:
-                trace.record(state["t"] + i + 1, chunk.history[i], ledger, **row)
-        return chunk, (rows[-1] if rows else None)
-
-    def finish_row(chunk, row):
-        state["t"] += chunk.n_done
-        state["params"] = chunk.history[-1]
-        trace.record(state["t"], chunk.history[-1], ledger, **row)
+    s = _Setup(target, family, est, key, opt, context, OracleLedger(),
+               Trace(compile_clock=compile_clock(est)), info, params0)
 
     # ---- row 0 and elbo_init (charged to iteration 1, docs/algorithms.md#benchmark-protocol)
-    trace.record(0, params0, ledger, phase="init")
+    s.trace.record(0, params0, s.ledger, phase="init")
     if opt.adapt_engaged:
         try:
-            elbo_init = elbo_at(params0, 0)
+            elbo_init = _elbo(s, params0, 0)
         except ElboFailure as exc:
             info["elbo_init"] = None
-            return result("failed", "stan::variational::advi::adapt_eta: Cannot compute ELBO using "
-                          "the initial variational distribution. Your model may be either "
-                          f"severely ill-conditioned or misspecified. ({exc})")
+            return _result(s, "failed", "stan::variational::advi::adapt_eta: Cannot compute ELBO "
+                           "using the initial variational distribution. Your model may be either "
+                           f"severely ill-conditioned or misspecified. ({exc})", params0)
         info["elbo_init"] = elbo_init
-        trace.rows[0]["elbo"] = elbo_init
-
-        # ---- eta adaptation (docs/algorithms.md#advi-eta)
-        def run_trial(eta: float) -> float:
-            params, s, k = params0, zeros, 0
-            while k < opt.adapt_iter:
-                n = min(_chunk_for(family), opt.adapt_iter - k)
-                n = _steps_within_budget(context, ledger.scaled, per_grad, n)
-                chunk, row = run_steps(params, s, k, n, eta, True, {"phase": "adapt", "eta": eta})
-                params, s, k = chunk.params, chunk.s, k + n
-                if k == opt.adapt_iter:
-                    try:
-                        elbo = elbo_at(params, state["t"] + chunk.n_done)
-                        row["elbo"] = elbo
-                    except ElboFailure:
-                        elbo = -DBL_MAX
-                        row.update(elbo=-math.inf, elbo_failed=True)
-                    info["adapt_elbos"].append({"eta": eta, "elbo": elbo})
-                finish_row(chunk, row)
-                info["adapt_steps"] = state["t"]
-                context.progress.update(state["t"], elbo=row.get("elbo", math.nan),
-                                        oracle=ledger.scaled)
-                if context.over_budget(ledger.scaled):
-                    raise _BudgetSpent
-            return elbo
-
-        try:
-            eta = select_eta(elbo_init, run_trial)
-        except _BudgetSpent:
+        s.trace.rows[0]["elbo"] = elbo_init
+        try:   # ---- eta adaptation (docs/algorithms.md#advi-eta)
+            eta = select_eta(elbo_init, partial(_trial, s))
+        except _BudgetSpent as spent:
             info["eta"] = None
-            return result("budget", "oracle budget spent during eta adaptation")
+            return _result(s, "budget", "oracle budget spent during eta adaptation", spent.args[0])
         except VIError as exc:
             info["eta"] = None
-            return result("failed", str(exc), params=params0)
+            return _result(s, "failed", str(exc), params0)
     else:
         eta = float(opt.eta)
     info["eta"] = eta
     if not eta > 0:
         # [S] stochastic_gradient_ascent: check_positive(function, "Eta stepsize", eta) throws
         # std::domain_error, e.g. for adapt_eta's eta_best = 0 (see select_eta)
-        return result("failed", f"stan::variational::advi::stochastic_gradient_ascent: Eta "
-                      f"stepsize is {eta:g}, but must be positive!", params=params0)
-    sgd_start = state["t"]
+        return _result(s, "failed", f"stan::variational::advi::stochastic_gradient_ascent: Eta "
+                       f"stepsize is {eta:g}, but must be positive!", params0)
 
     # ---- SGD (docs/algorithms.md#advi-step-size), from q₀ again
-    monitor = RelativeTolerance(opt.cb_size, opt.tol_rel_obj)
+    s = s._replace(monitor=RelativeTolerance(opt.cb_size, opt.tol_rel_obj))
     if opt.elbo_before_loop:
         try:
-            monitor.elbo = elbo_at(params0, _PRELOOP_ITERATION)
+            s.monitor.elbo = _elbo(s, params0, _PRELOOP_ITERATION)
         except ElboFailure as exc:
-            return result("failed", f"{exc} (ELBO before the SGD loop)", params=params0)
-        info["pre_loop_elbo"] = monitor.elbo
-    params, s, k = params0, zeros, 0
-    sgd_elbos: list[float] = []
-    warned = False
-    status, message = None, ""
-    while status is None:
-        next_check = (k // opt.eval_elbo + 1) * opt.eval_elbo
-        n = min(_chunk_for(family), next_check - k, opt.max_iterations - k)
-        n = _steps_within_budget(context, ledger.scaled, per_grad, n)
-        chunk, row = run_steps(params, s, k, n, eta, False, {"phase": "sgd", "eta": eta})
-        if chunk.fatal:
-            if row is not None:
-                finish_row(chunk, row)
-            ledger.gradient(opt.grad_samples)   # the failed gradient's work was done
-            info["sgd_iterations"] = state["t"] - sgd_start
-            message = (f"{gradient_failure_message(family, chunk.fatal_kind, opt.grad_samples)} "
-                       f"(SGD iteration {k + chunk.n_done + 1})")
-            return result("failed", _runaway_message(target, family, state["params"], params0,
-                                                     key, opt, ledger, eta, message))
-        params, s, k = chunk.params, chunk.s, k + n
-        if k % opt.eval_elbo == 0:
-            try:
-                check = monitor.update(elbo_at(params, state["t"] + n))
-                sgd_elbos.append(check.elbo)
-            except ElboFailure as exc:
-                row["elbo_failed"] = True
-                finish_row(chunk, row)
-                info["sgd_iterations"] = k
-                return result("failed", f"{exc} (SGD iteration {k})")
-            row.update(elbo=check.elbo, rel_change=check.rel_change, rel_mean=check.rel_mean,
-                       rel_median=check.rel_median)
-            info.update(elbo=check.elbo, elbo_best=monitor.elbo_best, rel_mean=check.rel_mean,
-                        rel_median=check.rel_median)
-            if k > 10 * opt.eval_elbo and (check.rel_median > 0.5 or check.rel_mean > 0.5):
-                row["diverging"] = True
-                info["messages"].append(f"iteration {k}: MAY BE DIVERGING... INSPECT ELBO")
-                if not warned:
-                    warned = True
-                    warnings.warn(f"ADVI at iteration {k}: relative ELBO change mean "
-                                  f"{check.rel_mean:.3g}, median {check.rel_median:.3g}: MAY BE "
-                                  f"DIVERGING... INSPECT ELBO", ADVIWarning, stacklevel=2)
-            if check.converged:
-                status = "converged"
-                info["converged_by"] = "+".join(
-                    name for name, hit in (("mean", check.converged_mean),
-                                           ("median", check.converged_median)) if hit)
-                if rel_difference(check.elbo, monitor.elbo_best) > 0.05:
-                    info["messages"].append(
-                        "Informational Message: The ELBO at a previous iteration is larger than "
-                        "the ELBO upon convergence! This variational approximation may not have "
-                        "converged to a good optimum.")
-        if status is None and k == opt.max_iterations:
-            status = "max_iters"
-            info["messages"].append("Informational Message: The maximum number of iterations is "
-                                    "reached! The algorithm may not have converged.")
-        finish_row(chunk, row)
-        info["sgd_iterations"] = k
-        context.progress.update(state["t"], elbo=monitor.elbo, oracle=ledger.scaled)
-        if status is None and context.over_budget(ledger.scaled):
-            status, message = "budget", f"oracle budget spent after {k} SGD iterations"
-    if opt.improper_check and status in ("converged", "max_iters"):
-        # the probe (5,376 log densities) runs only where the ELBO was still climbing at its
-        # last three checks, as it does without end on an improper posterior
-        climbing = len(sgd_elbos) >= 3 and sgd_elbos[-3] < sgd_elbos[-2] < sgd_elbos[-1]
-        improper = divergence(family, state["params"]) or (climbing and improper_direction(
-            target, family, state["params"],
-            standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger))
-        improper = improper or None
-        if improper is not None:
-            info["sgd_status"] = status
-            return result("failed", f"{improper} (Stan's ADVI would report '{status}')")
-    if opt.output_check and status in ("converged", "max_iters"):
-        failure = output_failure(target, family, state["params"], key, opt.output_samples, ledger)
-        if failure is not None:
-            index, why = failure
-            info["output_failed_draw"] = index
-            info["sgd_status"] = status
-            status, message = "failed", (
-                f"{why} (output draw {index + 1} of {opt.output_samples}: Stan's advi::run "
-                f"evaluates log_prob at every output draw outside any try block, so the run "
-                f"ends with an error after the SGD phase ({status}))")
-    return result(status, message)
+            return _result(s, "failed", f"{exc} (ELBO before the SGD loop)", params0)
+        info["pre_loop_elbo"] = s.monitor.elbo
+    # state.params is the latest iterate (the last trial's), reported if SGD's first gradient fails
+    t0 = len(s.trace) - 1
+    state, _, status, message = iterate(
+        partial(_sgd_step, s), State(s.trace.params_at(t0), 0, eta), max_iters=opt.max_iterations,
+        trace=s.trace, ledger=s.ledger, context=context, start=t0)
+    if status == "budget":
+        message = f"oracle budget spent after {state.k} SGD iterations"
+    if status in ("converged", "max_iters"):
+        status, message = sgd_end(target, family, state.params, key, opt, s.ledger, info, status,
+                                  state.elbos)
+    return _result(s, status, message, state.params)

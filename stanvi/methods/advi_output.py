@@ -1,6 +1,9 @@
-"""Stan ADVI's output (Stan's ``advi::run`` after the SGD phase; docs/algorithms.md#advi-output):
-the output draws with Stan's ``lp__``/``log_p__``/``log_g__`` columns, and Stan's unguarded
-``log_prob`` at each output draw (a failing draw ends Stan's run)."""
+"""Stan ADVI's output and the end of its SGD phase (Stan's ``advi::run`` after
+``stochastic_gradient_ascent``; docs/algorithms.md#advi-output): the output draws with Stan's
+``lp__``/``log_p__``/``log_g__`` columns, Stan's unguarded ``log_prob`` at each output draw (a
+failing draw ends Stan's run), and stanvi's improper-posterior checks (issue P2-1c; ADVI's
+``improper_check`` option) on the SGD phase's last iterate or on a q that ran away before a
+failed gradient."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import numpy as np
 
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.methods.base import OracleLedger, purpose_key
+from stanvi.methods.checks import (PROBE_DRAWS, divergence, improper_direction,
+                                   runaway_coordinates)
 
 
 def output_failure(target, family, params, key: jax.Array, n: int,
@@ -36,6 +41,55 @@ def output_failure(target, family, params, key: jax.Array, n: int,
         return None
     index = int(bad[0])
     return index, res.messages.get(index, "non-finite log density")
+
+
+def sgd_end(target, family, params, key: jax.Array, opt, ledger: OracleLedger, info: dict,
+            status: str, elbos: tuple[float, ...]) -> tuple[str, str]:
+    """(status, message) at the end of a 'converged' or 'max_iters' SGD phase (``opt``: ADVI's
+    Options): stanvi's improper-posterior check (``improper_check``; ``elbos``: the last ELBO
+    checks) and Stan's unguarded ``log_prob`` at the output draws (``output_check``).  A
+    failure keeps Stan's status in ``info['sgd_status']``."""
+    if opt.improper_check:
+        # the probe (5,376 log densities) runs only where the ELBO was still climbing at its
+        # last three checks, as it does without end on an improper posterior
+        climbing = len(elbos) >= 3 and elbos[-3] < elbos[-2] < elbos[-1]
+        improper = divergence(family, params) or (climbing and improper_direction(
+            target, family, params,
+            standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger))
+        if improper:
+            info["sgd_status"] = status
+            return "failed", f"{improper} (Stan's ADVI would report '{status}')"
+    failure = output_failure(target, family, params, key, opt.output_samples,
+                             ledger) if opt.output_check else None
+    if failure is None:
+        return status, ""
+    index, why = failure
+    info["output_failed_draw"] = index
+    info["sgd_status"] = status
+    return "failed", (f"{why} (output draw {index + 1} of {opt.output_samples}: Stan's advi::run "
+                      f"evaluates log_prob at every output draw outside any try block, so the run "
+                      f"ends with an error after the SGD phase ({status}))")
+
+
+def runaway_message(target, family, params, params0, key: jax.Array, opt, ledger: OracleLedger,
+                    eta: float, message: str) -> str:
+    """The failed SGD gradient's message, explained when q ran away before it (stanvi's addition,
+    ``improper_check``).  A runaway alone does not tell an improper posterior from steps that
+    diverged (η too large: mesquite from posteriordb ran away at η = 100 with a proper posterior),
+    so the improper-direction probe decides, run from the finite q₀ along the coordinates where q
+    ran away."""
+    runaway = divergence(family, params) if opt.improper_check else None
+    if runaway is None:
+        return message
+    improper = improper_direction(
+        target, family, params0,
+        standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger,
+        coordinates=runaway_coordinates(family, params))
+    if improper is not None:
+        return f"{improper}; {runaway.split(':')[0]} ({message})"
+    return (f"ADVI's steps diverged: {runaway.split(':')[0]}, although q's ELBO does not keep "
+            f"rising as q widens there (so not an improper posterior): the step size "
+            f"eta = {eta:g} may be too large for this model ({message})")
 
 
 # --------------------------------------------------------------------------------- output

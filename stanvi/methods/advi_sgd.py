@@ -36,6 +36,20 @@ def _chunk_for(family) -> int:
     return max(1, min(_CHUNK, _HISTORY_BYTES // (8 * family.n_params)))
 
 
+def steps_within_budget(context, scaled: float, per_step: float, n: int) -> int:
+    """How many of the next n gradient steps run before the budget (``context``, a
+    :class:`~stanvi.methods.base.RunContext`) is spent, the step that spends it included, from
+    the ledger's ``scaled`` and ``per_step`` oracle units a step, mirroring the ledger's float
+    accumulation (so a chunk ends at the step where ADVI's budget check stops the run)."""
+    if context.max_oracle_calls is None:
+        return n
+    for i in range(1, n + 1):
+        scaled += per_step
+        if context.over_budget(scaled):
+            return i
+    return n
+
+
 class ChunkResult(NamedTuple):
     params: np.ndarray       # (P,) after the last completed step
     s: np.ndarray            # (P,) step-size history after the last completed step
@@ -50,32 +64,48 @@ class ChunkResult(NamedTuple):
     evaluated: int = 0           # gradient draws evaluated by the chunk (redraws, the failed one)
 
 
+class _Carry(NamedTuple):
+    """The compiled loop's state: ``i`` steps done, the iterate and step-size history after them,
+    the per-step records (iterate after each step, why its gradient failed, dropped and evaluated
+    gradient draws) and whether a gradient failed with absorb=False (the loop then stops)."""
+
+    i: jax.Array
+    params: jax.Array
+    s: jax.Array
+    history: jax.Array
+    grad_failed: jax.Array
+    drops: jax.Array
+    evaluated: jax.Array
+    fatal: jax.Array
+
+
 def _build_kernel(family, log_density, n: int, chunk: int):
     n_params = family.n_params
     gradient = stan_calc_grad(family, log_density, n)
 
-    def advance(params, s, k0, n_steps, t0, eta, key, absorb):
-        def cond(c):
-            return (c[0] < n_steps) & ~c[7]
+    def advance(params, s, k0, n_steps, t0, eta, key, absorb) -> _Carry:
+        def cond(c: _Carry):
+            return (c.i < n_steps) & ~c.fatal
 
-        def body(c):
-            i, params, s, hist, gfail, drops, evaluated, _ = c
-            g, kind, dropped, n_eval = gradient(params, purpose_key(key, t0 + i + 1, "gradient"))
+        def body(c: _Carry) -> _Carry:
+            g, kind, dropped, n_eval = gradient(c.params,
+                                                purpose_key(key, t0 + c.i + 1, "gradient"))
             failed = kind != GRAD_OK
             fatal = failed & ~absorb
-            new_params, new_s, _ = stan_step(params, s, jnp.where(failed, 0.0, g), k0 + i + 1, eta)
-            params = jnp.where(fatal, params, new_params)
-            s = jnp.where(fatal, s, new_s)
-            hist = jnp.where(fatal, hist, hist.at[i].set(params))
-            return (jnp.where(fatal, i, i + 1), params, s, hist,
-                    gfail.at[i].set(kind), drops.at[i].set(dropped),
-                    evaluated.at[i].set(n_eval), fatal)
+            new_params, new_s, _ = stan_step(c.params, c.s, jnp.where(failed, 0.0, g),
+                                             k0 + c.i + 1, eta)
+            params = jnp.where(fatal, c.params, new_params)
+            return _Carry(i=jnp.where(fatal, c.i, c.i + 1), params=params,
+                          s=jnp.where(fatal, c.s, new_s),
+                          history=jnp.where(fatal, c.history, c.history.at[c.i].set(params)),
+                          grad_failed=c.grad_failed.at[c.i].set(kind),
+                          drops=c.drops.at[c.i].set(dropped),
+                          evaluated=c.evaluated.at[c.i].set(n_eval), fatal=fatal)
 
-        init = (jnp.zeros((), jnp.int32), params, s, jnp.zeros((chunk, n_params)),
-                jnp.zeros(chunk, jnp.int32), jnp.zeros(chunk, jnp.int32),
-                jnp.zeros(chunk, jnp.int32), jnp.zeros((), bool))
-        i, params, s, hist, gfail, drops, evaluated, fatal = lax.while_loop(cond, body, init)
-        return params, s, hist, gfail, drops, evaluated, i, fatal
+        return lax.while_loop(cond, body, _Carry(
+            i=jnp.zeros((), jnp.int32), params=params, s=s, history=jnp.zeros((chunk, n_params)),
+            grad_failed=jnp.zeros(chunk, jnp.int32), drops=jnp.zeros(chunk, jnp.int32),
+            evaluated=jnp.zeros(chunk, jnp.int32), fatal=jnp.zeros((), bool)))
 
     return jax.jit(advance)
 
@@ -106,17 +136,15 @@ def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: i
     out = _kernel(estimator, grad_samples)(
         jnp.asarray(params, dtype=jnp.float64), jnp.asarray(s, dtype=jnp.float64),
         np.int32(k0), np.int32(n_steps), np.int32(t0), np.float64(eta), key, np.bool_(absorb))
-    p, s, hist, gfail, drops, evaluated, n_done, fatal = jax.device_get(out)
-    n_done, fatal = int(n_done), bool(fatal)
-    gfail, drops, evaluated = np.asarray(gfail), np.asarray(drops), np.asarray(evaluated)
-    return ChunkResult(np.asarray(p), np.asarray(s), np.asarray(hist)[:n_done], gfail[:n_done],
-                       drops[:n_done], n_done, fatal,
+    c = jax.device_get(out)
+    n_done, fatal = int(c.i), bool(c.fatal)
+    gfail, drops = np.asarray(c.grad_failed), np.asarray(c.drops)
+    evaluated = np.asarray(c.evaluated)
+    return ChunkResult(np.asarray(c.params), np.asarray(c.s), np.asarray(c.history)[:n_done],
+                       gfail[:n_done], drops[:n_done], n_done, fatal,
                        int(gfail[n_done]) if fatal else GRAD_OK,
                        int(drops[n_done]) if fatal else 0,
                        int(evaluated[:n_done + int(fatal)].sum()))
-
-
-# --------------------------------------------------------------------------------- run
 
 
 def gradient_failure_message(family, kind: int, grad_samples: int) -> str:

@@ -215,7 +215,7 @@ class StepOutcome(NamedTuple):
     the iterate); ``row``: the trace fields of the iteration, or None when the iteration was
     aborted before it produced one (a failed gradient: no row, ``stop`` says why); ``stop``:
     (status, message) ending the run after this iteration; ``display``: extra fields for the
-    progress line."""
+    progress line (an ``elbo`` there replaces the row's)."""
 
     state: Any
     row: dict[str, Any] | None
@@ -224,24 +224,26 @@ class StepOutcome(NamedTuple):
 
 
 def iterate(step: Callable[[Any, int], StepOutcome], state: Any, *, max_iters: int,
-            trace: Trace, ledger: OracleLedger, context: "RunContext") -> tuple[Any, int, str, str]:
+            trace: Trace, ledger: OracleLedger, context: "RunContext",
+            start: int = 0) -> tuple[Any, int, str, str]:
     """The loop every host-side method shares (the ``init``/``step`` shape of BlackJAX, with the
     trust region's Python kept host-side): for k = 1 … ``max_iters``, ``step(state, k)``; the
     loop records the trace row, updates the progress line, and ends the run on the step's
     ``stop``, on an aborted step, or when the oracle budget is spent (checked after every
     iteration).  Returns (state, last k, status, message); status 'max_iters' when the loop ran
-    out."""
+    out.  A phase that continues an earlier one's trace numbers its iterations from
+    ``start`` + 1 (ADVI's SGD after its eta trials)."""
     status, message = "max_iters", f"reached max_iters={max_iters}"
-    k = 0
-    for k in range(1, max_iters + 1):
+    k = start
+    for k in range(start + 1, start + max_iters + 1):
         outcome = step(state, k)
         state = outcome.state
         if outcome.row is None:
             status, message = outcome.stop
             break
         trace.record(k, state.params, ledger, **outcome.row)
-        context.progress.update(k, elbo=outcome.row.get("elbo", float("nan")),
-                                oracle=ledger.scaled, **(outcome.display or {}))
+        context.progress.update(k, **{"elbo": outcome.row.get("elbo", float("nan")),
+                                      "oracle": ledger.scaled, **(outcome.display or {})})
         if outcome.stop is not None:
             status, message = outcome.stop
             break
