@@ -30,14 +30,14 @@ estimate cannot be trusted with practical sample sizes (Vehtari et al. 2024, §3
 number of draws needed grows impractically fast).  For 0.5 < k < 1 the variance of the ratios is
 infinite but the (Pareto-smoothed) estimate still converges (Yao et al. 2018, §2.2).
 
-Diagnostic draws (this module, :func:`diagnose`).  A GPD fitted to the M = min(S/5, 3√S) largest
-ratios has a standard error of roughly (1 + k)/√M (asymptotic variance of the GPD shape MLE,
-Hosking & Wallis 1987; Zhang & Stephens 2009's estimator, which PSIS uses, is about as
-efficient).  With the 1000 output draws M = 95, and a well-fitted 1-D model (bernoulli: draws within
-about 5% of the exact posterior's mean and sd, importance ESS 98%) got k̂ between 1.2 and 2.5 from seed to
-seed: the few far-tail draws where a Gaussian q is thinner than p decide the fit.  k̂ is therefore
-computed on a separate, larger set of draws from q, log densities only (no gradients), in one
-batched call:
+Diagnostic draws (:func:`diagnose`; drawn by :mod:`stanvi.diagnostic_draws`).  A GPD fitted to the
+M = min(S/5, 3√S) largest ratios has a standard error of roughly (1 + k)/√M (asymptotic variance of
+the GPD shape MLE, Hosking & Wallis 1987; Zhang & Stephens 2009's estimator, which PSIS uses, is
+about as efficient).  With the 1000 output draws M = 95, and a well-fitted 1-D model (bernoulli:
+draws within about 5% of the exact posterior's mean and sd, importance ESS 98%) got k̂ between 1.2
+and 2.5 from seed to seed: the few far-tail draws where a Gaussian q is thinner than p decide the
+fit.  k̂ is therefore computed on a separate, larger set of draws from q, log densities only (no
+gradients), in one batched call:
 
     S_diag = max(draws, min(32000, max(4000, 64000 // D)))
 
@@ -55,13 +55,9 @@ largest fraction that cannot move a reported 5%/95% quantile by more than a fift
 probability; with S_diag ≥ 4000 draws its Monte Carlo error (√(0.01·0.99/4000) ≈ 0.16%) is small
 next to the 1% bound.
 
-The smoothing is arviz-stats' PSIS (``array_stats.psislw``, version 1.3) transcribed operation
-for operation into NumPy (:func:`psislw`, :func:`gpdfit`, :func:`_logsumexp`), so that a fit
-does not import arviz-stats: its only array-level entry point, ``arviz_stats.base.array_stats``,
-imports the package (xarray, pandas, xarray-einstats) and ``scipy.stats``/``scipy.signal``,
-about 1 s of a new process's first fit (issue 8, part 3).  ``tests/test_diagnostics.py`` checks
-k̂ and the weights against arviz-stats on many random inputs.  The effective sample size of the
-(smoothed, normalized) importance weights is 1/Σ w_s².
+The smoothing is arviz-stats' PSIS transcribed into NumPy (:mod:`stanvi.psis`, which says why
+and how it is checked).  The effective sample size of the (smoothed, normalized) importance
+weights is 1/Σ w_s².
 """
 
 from __future__ import annotations
@@ -72,20 +68,18 @@ from typing import Any
 
 import numpy as np
 
+from stanvi.diagnostic_draws import diagnostic_log_densities
+from stanvi.psis import MIN_DRAWS, importance_ess, psis, resample_indices
+
+# Re-exported from their own modules, as they were defined here before and callers and tests
+# import them from this one.
+from stanvi.diagnostic_draws import DIAG_MAX_DRAWS, DIAG_MIN_DRAWS, DIAG_WORK  # noqa: F401
+from stanvi.diagnostic_draws import _affine_map, _cholesky, diagnostic_draw_count  # noqa: F401
+from stanvi.psis import _logsumexp, gpdfit, psislw, tail_draws  # noqa: F401
+
 VERDICTS = ("good", "use with care", "unreliable")
 GOOD_K = 0.5  # Yao et al. 2018: below 0.5 the approximation is close to the posterior
-MIN_DRAWS = 25  # PSIS fits the largest S/5 ratios (for S ≤ 225) and needs at least 5 of them
 MAX_FAILED_FRACTION = 0.01  # above it the verdict is 'unreliable' (module docstring)
-DIAG_MIN_DRAWS = 4000    # diagnostic draws: S_diag = max(draws, min(MAX, max(MIN, WORK // D)))
-DIAG_MAX_DRAWS = 32000
-DIAG_WORK = 64000
-
-
-def diagnostic_draw_count(dim: int, n_output: int = 0) -> int:
-    """S_diag = max(n_output, min(32000, max(4000, 64000 // D))): the number of draws from q on
-    which k̂ is computed (module docstring: the GPD tail fit uses 3√S of them)."""
-    by_dim = DIAG_WORK // max(int(dim), 1)
-    return max(int(n_output), min(DIAG_MAX_DRAWS, max(DIAG_MIN_DRAWS, by_dim)))
 
 
 def tail_length(n_draws: int) -> int:
@@ -121,173 +115,6 @@ def verdict(khat: float, n_draws: int, failed_fraction: float = 0.0) -> str:
     if khat <= tau:
         return "use with care"
     return "unreliable"
-
-
-# ------------------------------------------------------------------ PSIS in NumPy
-# A transcription of arviz-stats 1.3's ``array_stats.psislw`` (``_psislw``, ``_get_ps_tails``,
-# ``_ps_tail``, ``_gpdfit``, ``_gpinv`` in ``arviz_stats/base/diagnostics.py``) and of SciPy's
-# ``logsumexp`` for real 1-D input, keeping their order of floating-point operations so the
-# results agree to rounding (the tests compare them on random inputs).
-
-def _logsumexp(a: np.ndarray) -> float:
-    """log Σ exp(a) for a real 1-D array, as ``scipy.special.logsumexp`` computes it: the
-    maximal elements are taken out of the sum, log Σ = log1p(s/m) + log m + max, where m
-    counts the maximal elements and s sums exp(a − max) over the others."""
-    a = np.asarray(a, dtype=float)
-    if a.size == 0:
-        return -math.inf
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        a_max = np.max(a)
-        mask = a == a_max
-        m = np.float64(np.count_nonzero(mask))
-        s = np.sum(np.exp(np.where(mask, -np.inf, a) - a_max))
-        s = s if s == 0 else s / m
-        out = np.log1p(s) + np.log(m) + a_max
-        if not np.isfinite(out):  # SciPy then takes log Σ exp(a) as it comes
-            out = np.log(np.sum(np.exp(a)))
-    return float(out)
-
-
-def tail_draws(n_draws: int, r_eff: float = 1.0) -> int:
-    """PSIS's tail length as arviz-stats computes it: ⌊3√(S/r_eff)⌋ if S·r_eff > 225, else
-    ⌊S/5⌋ (Vehtari et al. 2024, §3.1)."""
-    if n_draws * r_eff > 225:
-        return int(np.floor(3 * (n_draws / r_eff) ** 0.5))
-    return int(np.floor(n_draws / 5))
-
-
-def gpdfit(x: np.ndarray) -> tuple[float, float]:
-    """(k, σ) of a generalized Pareto distribution fitted to the sorted, positive exceedances
-    ``x`` (Zhang & Stephens 2009's empirical Bayes estimate with the weakly informative prior
-    on k of Vehtari et al. 2024, Appendix C: N(0.5, ·) worth 10 observations); arviz-stats'
-    ``_gpdfit`` without weights.  (nan, nan) when the first quartile is not above the minimum;
-    (inf, nan) when the fit fails."""
-    prior_bs = 3
-    prior_k = 10
-    n = len(x)
-    m_est = 30 + int(n**0.5)
-    xstar = x[int((n / 4 + 0.5) - 1)]  # first quartile of the sample
-    if xstar <= x[0]:
-        return math.nan, math.nan
-    b_ary = 1 - np.sqrt(m_est / (np.arange(1, m_est + 1, dtype=float) - 0.5))
-    b_ary /= prior_bs * xstar
-    b_ary += 1 / x[-1]
-    k_ary = np.mean(np.log1p(-b_ary[:, None] * x), axis=1)
-    len_scale = n * (np.log(-b_ary / k_ary) - k_ary - 1)
-    w_theta = np.exp(len_scale - _logsumexp(len_scale))
-    real = w_theta >= 10 * np.finfo(float).eps  # drop negligible weights
-    if not np.all(real):
-        w_theta = w_theta[real]
-        b_ary = b_ary[real]
-    w_theta /= w_theta.sum()
-    b_post = np.sum(b_ary * w_theta)  # posterior mean of b
-    kappa = np.mean(np.log1p(-b_post * x))
-    sigma = -kappa / b_post
-    kappa = (n * kappa + prior_k * 0.5) / (n + prior_k)  # the prior on k
-    if np.isnan(kappa):
-        return math.inf, math.nan
-    return float(kappa), float(sigma)
-
-
-def _gpinv(probs: np.ndarray, kappa: float, sigma: float, mu: float) -> np.ndarray:
-    """Quantiles of the generalized Pareto distribution (arviz-stats' ``_gpinv``)."""
-    if sigma <= 0:
-        return np.full_like(probs, np.nan)
-    if kappa == 0:
-        return mu - sigma * np.log1p(-probs)
-    return mu + sigma * np.expm1(-kappa * np.log1p(-probs)) / kappa
-
-
-def psislw(log_ratios: np.ndarray, r_eff: float = 1.0) -> tuple[np.ndarray, float]:
-    """Pareto-smoothed log weights (normalized) and k̂ of finite log importance ratios: the
-    largest ``tail_draws(S)`` ratios are replaced by the quantiles of a generalized Pareto
-    distribution fitted to them (capped at the largest raw ratio).  Equals arviz-stats'
-    ``array_stats.psislw(-log_ratios)`` (its LOO convention negates).  Raises ValueError when
-    every tail ratio is the same, as arviz-stats does."""
-    ary = np.array(log_ratios, dtype=float).ravel()
-    n_draws = len(ary)
-    n_tail = tail_draws(n_draws, r_eff)
-    if n_tail < 5:
-        raise ValueError("n_draws_tail must be at least 5")
-    ary = ary - np.max(ary)
-    tail_ids = np.arange(n_draws - n_tail, n_draws, dtype=int)
-    ordered = np.argsort(ary)
-    draws_tail = ary[ordered[tail_ids]]
-    cutoff = ary[ordered[tail_ids[0] - 1]]  # the largest value below the tail
-    max_tail = np.max(draws_tail)
-    min_tail = np.min(draws_tail)
-    if abs(max_tail - min_tail) < np.finfo(float).tiny:
-        raise ValueError("All tail values are the same")
-    khat, sigma = gpdfit(np.exp(draws_tail) - np.exp(cutoff))
-    if np.isfinite(khat):
-        p = np.arange(0.5, n_tail) / n_tail
-        smoothed = np.log(_gpinv(p, khat, sigma, np.exp(cutoff)))
-        smoothed[smoothed > max_tail] = max_tail
-        ary[ordered[tail_ids]] = smoothed
-    ary -= _logsumexp(ary)
-    return ary, khat
-
-
-def psis(log_ratios: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, float]:
-    """Pareto-smoothed, normalized log importance weights and k̂ for log ratios log p − log q.
-
-    Non-finite ratios (a draw where the model failed: log p = −inf or NaN) get weight zero.
-    Constant ratios (q equal to p up to normalization) give uniform weights and k̂ = −inf;
-    constant means a spread within 1e-12 of ``max(1, |ratios|, scale)``, where ``scale`` is the
-    size of the log densities they are differences of (their rounding: an exact full-rank q at
-    D = 2,000 has |log p| ≈ 4,300 and ratios spread by 4e-12, which made k̂ NaN and the
-    verdict "unreliable", issue 17 item 6);
-    fewer than 25 finite ratios give raw weights and k̂ = NaN (no tail to fit).
-    """
-    r = np.asarray(log_ratios, dtype=float).ravel()
-    r = np.where(np.isnan(r), -np.inf, r)
-    finite = np.isfinite(r)
-    if np.any(r == np.inf):  # p/q infinite somewhere: the weights are meaningless
-        lw = np.where(r == np.inf, 0.0, -np.inf)
-        return lw - np.log(np.count_nonzero(r == np.inf)), math.inf
-    if not finite.any():  # every draw failed: no weights at all
-        return np.full(r.shape, -np.inf), math.inf
-    if np.count_nonzero(finite) < MIN_DRAWS:  # too few for a tail fit (≥ 5 tail draws)
-        lw = np.where(finite, r, -np.inf)
-        return lw - np.logaddexp.reduce(lw[finite]), math.nan
-    spread = np.ptp(r[finite])
-    if spread <= 1e-12 * max(1.0, np.max(np.abs(r[finite])), scale) and finite.all():
-        return np.full(r.shape, -np.log(r.size)), -math.inf
-    # Failed draws sit at the bottom of the ratios (arviz-stats' handling, kept).
-    shifted = np.where(finite, r, np.min(r[finite]) - 1e3)
-    try:
-        lw, k = psislw(shifted)
-    except ValueError:  # the tail is flat: every tail ratio equal
-        lw = shifted - np.logaddexp.reduce(shifted)
-        k = -math.inf
-    lw = np.where(finite, np.asarray(lw, dtype=float), -np.inf)
-    lw = lw - np.logaddexp.reduce(lw[finite])
-    return lw, float(k)
-
-
-def importance_ess(log_weights: np.ndarray) -> float:
-    """Effective sample size 1/Σ w² of normalized log weights."""
-    lw = np.asarray(log_weights, dtype=float)
-    lw = lw[np.isfinite(lw)]
-    if lw.size == 0:
-        return 0.0
-    lw = lw - np.logaddexp.reduce(lw)
-    return float(1.0 / np.sum(np.exp(2.0 * lw)))
-
-
-def resample_indices(log_weights: np.ndarray, n: int | None = None, seed: int = 0) -> np.ndarray:
-    """Stratified resampling (with replacement) of draws by their normalized weights: each of the
-    n strata [i/n, (i+1)/n) contributes one uniform, which keeps the resample close to the
-    weights (lower variance than multinomial resampling)."""
-    lw = np.asarray(log_weights, dtype=float)
-    w = np.exp(lw - np.logaddexp.reduce(lw[np.isfinite(lw)]))
-    w = np.where(np.isfinite(w), w, 0.0)
-    w = w / w.sum()
-    n = lw.size if n is None else int(n)
-    rng = np.random.default_rng(seed)
-    u = (np.arange(n) + rng.uniform(size=n)) / n
-    idx = np.searchsorted(np.cumsum(w), u, side="right")
-    return np.minimum(idx, lw.size - 1)
 
 
 @dataclass
@@ -488,76 +315,6 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
                        log_weights=lw, log_ratios=r, status=status, message=message, method=method,
                        warnings=warns, khat_se=khat_standard_error(float(k), n),
                        failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out)
-
-
-def _cholesky(family, params) -> np.ndarray:
-    """``family.cholesky(params)``: in NumPy where L's entries are λ's as they are (the 'stan'
-    diagonal), else as one jitted program per (family, shape); not the dozen eager JAX
-    operations that calling it on an array runs, each its own program to trace, lower and load
-    in a new process (~0.2–0.3 s of a first full-rank fit, issue 8 part 3).  The same values:
-    copies, gathers and selects are exact, and XLA's exp is the same fused or not."""
-    if getattr(family, "diagonal", None) == "stan":  # L is λ's entries as they are: NumPy
-        return family.lower_factor(params)
-    import jax  # noqa: PLC0415
-
-    try:
-        hash(family)
-    except TypeError:  # not a frozen family: call it as it is
-        return np.asarray(family.cholesky(params), dtype=float)
-    global _CHOLESKY_JIT  # noqa: PLW0603
-    if _CHOLESKY_JIT is None:
-        _CHOLESKY_JIT = jax.jit(lambda fam, p: fam.cholesky(p), static_argnums=0)
-    return np.asarray(_CHOLESKY_JIT(family, params), dtype=float)
-
-
-_CHOLESKY_JIT = None
-
-
-def _affine_map(family, params):
-    """(m, A, log|det A|) when the family's draws are z = m + A ε (the Gaussian families:
-    mean-field A = diag(exp ω), returned as the vector exp ω; full-rank A = L); None otherwise.
-    Mean-field splits the parameters in NumPy (no JAX operation to compile)."""
-    if hasattr(family, "split") and getattr(family, "name", "") == "meanfield":
-        mu, omega = (np.asarray(x, dtype=float)
-                     for x in family.split(np.asarray(params, dtype=float)))
-        return mu, np.exp(omega), float(np.sum(omega))  # A = diag(exp ω), kept as a vector
-    if hasattr(family, "cholesky") and getattr(family, "name", "") == "fullrank":
-        lower = _cholesky(family, params)
-        mu = np.asarray(params, dtype=float)[: family.dim]
-        return mu, lower, float(np.sum(np.log(np.abs(np.diag(lower)))))
-    return None
-
-
-def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None = None):
-    """log p, log q and the model's messages at S_diag fresh draws from the fit's q, drawn with
-    a seed derived from ``fit.seed``: one batched log-density call (no gradients), plus log q.
-    Returns None when the fit has no target to evaluate."""
-    target, family = getattr(fit, "target", None), getattr(fit, "family", None)
-    if target is None or family is None or not hasattr(target, "log_density"):
-        return None
-    import jax.numpy as jnp  # noqa: PLC0415
-
-    dim = int(family.dim)
-    n = diagnostic_draw_count(dim, len(fit.log_p)) if n_draws is None else int(n_draws)
-    rng = np.random.default_rng([int(fit.seed if seed is None else seed), 0x5D1A6])
-    eps = rng.standard_normal((n, dim))
-    affine = _affine_map(family, np.asarray(fit.params, dtype=float))
-    if affine is not None:
-        # z = m + A ε with a fixed (m, A): log q(z) = log φ(ε) − log|det A| exactly, computed in
-        # NumPy; no JAX function of a new (S, D) shape to compile on the first fit.
-        m, a, log_det = affine
-        z = m + (eps * a if a.ndim == 1 else eps @ a.T)
-        log_q = -0.5 * np.einsum("ij,ij->i", eps, eps) - log_det - 0.5 * dim * math.log(2 * math.pi)
-    else:
-        params = jnp.asarray(fit.params)
-        z = np.asarray(family.sample(params, jnp.asarray(eps)), dtype=float)
-        log_q = np.asarray(family.log_q(params, jnp.asarray(z)), dtype=float)
-    res = target.log_density(np.asarray(z, dtype=float))
-    log_p = np.asarray(res.log_density, dtype=float)
-    if res.ok is not None:
-        log_p = np.where(np.asarray(res.ok, dtype=bool), log_p, -np.inf)
-    return log_p, log_q, dict(res.messages or {})
-
 
 def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
              seed: int | None = None) -> Diagnostics:
