@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from stanvi.targets.stan_target import FFI_STATE_SLOTS
+from stanvi.targets.ffi_state import FFI_STATE_SLOTS
 
 FFI_SOURCE = Path(__file__).resolve().parents[1] / "stan" / "glue" / "stanvi_ffi.cpp"
 TARGETS = {"log_density": ("stanvi_log_density", "StanviLogDensity"),

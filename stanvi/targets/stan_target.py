@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -26,78 +25,18 @@ from stanvi.stan.compiler import CompiledModel, compile_model
 from stanvi.stan.data import DataLike, data_error_from_stan, data_to_dict, data_to_json
 from stanvi.stan.library import BatchedLibrary, default_threads, load_bridgestan_model
 from stanvi.stan.names import Variable, group_names
-from stanvi.targets.base import BatchResult, OracleCounter, as_batch
+from stanvi.targets.base import BatchResult, as_batch
+# The state shared with the XLA FFI handlers and its slot layout (the C++ side's enum Slot, whose
+# comment in stanvi/stan/glue/stanvi_ffi.cpp still points here) live in ffi_state.py.
+from stanvi.targets.ffi_state import (FFI_MAGIC, SLOT_DIM, SLOT_GRADIENT_FN, SLOT_HVP_FN,
+                                      SLOT_HVP_MODE, SLOT_LOG_DENSITY_FN, SLOT_MAGIC, SLOT_MODEL,
+                                      SLOT_THREADS, SharedOracleCounter, new_ffi_state,
+                                      release_ffi_state)
+from stanvi.targets.ffi_state import FFI_STATE_SLOTS  # noqa: F401  (re-exported: it was here)
+from stanvi.targets.hvp_choice import stored_hvp_choice, timed_hvp_choice
 
 
 HVP_METHODS = ("auto", "exact", "finite_difference")
-
-# Slots of the state shared with the XLA FFI handlers (stanvi/stan/glue/stanvi_ffi.cpp, enum Slot).
-_FFI_MAGIC = 0x5354414E56494646  # "STANVIFF"
-(_SLOT_MAGIC, _SLOT_LOG_DENSITY, _SLOT_GRADIENT, _SLOT_HVP, _SLOT_NANOSECONDS, _SLOT_THREADS,
- _SLOT_HVP_MODE, _SLOT_MODEL, _SLOT_DIM, _SLOT_LOG_DENSITY_FN, _SLOT_GRADIENT_FN, _SLOT_HVP_FN,
- _N_SLOTS) = range(13)
-FFI_STATE_SLOTS = _N_SLOTS  # checked against the handler object's kSlotCount when it is loaded
-_KIND_SLOT = {"log_density": _SLOT_LOG_DENSITY, "gradient": _SLOT_GRADIENT, "hvp": _SLOT_HVP}
-
-
-# Every state handed out stays allocated for the life of the process (~100 bytes each): an XLA
-# executable that outlives its target then finds the model slot zeroed (the handler reports an
-# error) instead of reading freed memory.
-_FFI_STATES: list[np.ndarray] = []
-_FFI_STATES_LOCK = threading.Lock()
-
-
-def _new_ffi_state() -> np.ndarray:
-    state = np.zeros(_N_SLOTS, dtype=np.int64)
-    state[_SLOT_HVP_MODE] = -1
-    with _FFI_STATES_LOCK:
-        _FFI_STATES.append(state)
-    return state
-
-
-def _release_ffi_state(state: np.ndarray) -> None:
-    """Run when a StanTarget is collected, before its model is destroyed."""
-    state[_SLOT_MODEL] = 0
-
-
-class _SharedOracleCounter(OracleCounter):
-    """An :class:`OracleCounter` that also counts the draws the XLA FFI handlers evaluate.
-
-    The handlers add their draws and nanoseconds (atomically, in C++) to slots of the target's
-    shared state; this counter's fields read as the Python-side counts plus those slots, so
-    ``counter.gradient``, ``snapshot()``, ``seconds`` and ``reset()`` cover both paths.  Python
-    never writes the C++ slots: ``reset()`` and assignments store the Python part as the
-    difference to them."""
-
-    def __init__(self, state: np.ndarray) -> None:
-        object.__setattr__(self, "_shared", state)
-        object.__setattr__(self, "_own", {"log_density": 0, "gradient": 0, "hvp": 0, "seconds": 0.0})
-        super().__init__()
-
-    def _shared_value(self, kind: str) -> int | float:
-        if kind == "seconds":
-            return int(self._shared[_SLOT_NANOSECONDS]) * 1e-9
-        return int(self._shared[_KIND_SLOT[kind]])
-
-    def _get(kind: str):  # noqa: N805  (builds the properties below)
-        def get(self) -> int | float:
-            return self._own[kind] + self._shared_value(kind)
-
-        def set_(self, value: int | float) -> None:
-            self._own[kind] = value - self._shared_value(kind)
-
-        return property(get, set_)
-
-    log_density = _get("log_density")
-    gradient = _get("gradient")
-    hvp = _get("hvp")
-    seconds = _get("seconds")
-    del _get
-
-    def add(self, kind: str, n: int, seconds: float = 0.0) -> None:
-        with self._lock:
-            self._own[kind] += int(n)
-            self._own["seconds"] += seconds
 
 
 class StanTarget:
@@ -141,11 +80,11 @@ class StanTarget:
         self.library_path = Path(library)
         self.data_json = data_to_json(data)
         self.seed = int(seed)
-        # State shared with the XLA FFI handlers (see _SharedOracleCounter and jax_ffi.py).
-        self._ffi_state = _new_ffi_state()
-        weakref.finalize(self, _release_ffi_state, self._ffi_state)
+        # State shared with the XLA FFI handlers (see SharedOracleCounter and jax_ffi.py).
+        self._ffi_state = new_ffi_state()
+        weakref.finalize(self, release_ffi_state, self._ffi_state)
         self.threads = threads or default_threads()
-        self.counter = _SharedOracleCounter(self._ffi_state)
+        self.counter = SharedOracleCounter(self._ffi_state)
         self._batched = BatchedLibrary(library)
         if hvp_method == "exact" and not self._batched.hvp_exact:
             raise ValueError(f"hvp_method='exact' needs the nested-autodiff build, but "
@@ -158,15 +97,15 @@ class StanTarget:
             raise data_error_from_stan(str(exc), self._model_name_guess()) from None
         self._handle = int(self._bs.model)
         self._dim = self._bs.param_unc_num()
-        self._ffi_state[_SLOT_MODEL] = self._handle
-        self._ffi_state[_SLOT_DIM] = self._dim
+        self._ffi_state[SLOT_MODEL] = self._handle
+        self._ffi_state[SLOT_DIM] = self._dim
         if self._hvp_fd is None and self._dim > 0:  # "auto": one stored choice per library+data
             self._hvp_fd = self._stored_hvp_choice() == "finite_difference"
-        for slot, fn in ((_SLOT_LOG_DENSITY_FN, "stanvi_batch_log_density"),
-                         (_SLOT_GRADIENT_FN, "stanvi_batch_gradient"),
-                         (_SLOT_HVP_FN, "stanvi_batch_hvp")):
+        for slot, fn in ((SLOT_LOG_DENSITY_FN, "stanvi_batch_log_density"),
+                         (SLOT_GRADIENT_FN, "stanvi_batch_gradient"),
+                         (SLOT_HVP_FN, "stanvi_batch_hvp")):
             self._ffi_state[slot] = self._batched.function_address(fn)
-        self._ffi_state[_SLOT_MAGIC] = _FFI_MAGIC
+        self._ffi_state[SLOT_MAGIC] = FFI_MAGIC
         self._unc_names = [n for n in self._bs.param_unc_names() if n] if self._dim else []
         self._names = {(tp, gq): [n for n in self._bs.param_names(include_tp=tp, include_gq=gq) if n]
                        for tp in (False, True) for gq in (False, True)}
@@ -192,24 +131,24 @@ class StanTarget:
     @property
     def threads(self) -> int:
         """Threads per batched call (TBB), used by the direct calls and the JAX bridge alike."""
-        return int(self._ffi_state[_SLOT_THREADS])
+        return int(self._ffi_state[SLOT_THREADS])
 
     @threads.setter
     def threads(self, value: int) -> None:
         if int(value) < 1:
             raise ValueError(f"threads must be >= 1, got {value}")
-        self._ffi_state[_SLOT_THREADS] = int(value)
+        self._ffi_state[SLOT_THREADS] = int(value)
 
     @property
     def _hvp_fd(self) -> bool | None:
         """Finite-difference HVPs? None while ``"auto"`` has not decided (kept in the shared
         state: the FFI handler decides the same way when its call comes first)."""
-        mode = int(self._ffi_state[_SLOT_HVP_MODE])
+        mode = int(self._ffi_state[SLOT_HVP_MODE])
         return None if mode < 0 else bool(mode)
 
     @_hvp_fd.setter
     def _hvp_fd(self, value: bool | None) -> None:
-        self._ffi_state[_SLOT_HVP_MODE] = -1 if value is None else int(bool(value))
+        self._ffi_state[SLOT_HVP_MODE] = -1 if value is None else int(bool(value))
 
     @property
     def ffi_state_address(self) -> int:
@@ -229,66 +168,21 @@ class StanTarget:
         return None if self._hvp_fd is None else ("finite_difference" if self._hvp_fd else "exact")
 
     def _stored_hvp_choice(self) -> str:
-        """``hvp_method="auto"``: the choice stored for this (library, data) in
-        ``<library dir>/hvp_choice.json``, or, the first time, the timed choice
-        (:meth:`_timed_hvp_choice` on 16 fixed points), written there under a file lock (a
-        concurrent first writer wins, and everyone adopts its choice).  An unwritable
-        directory keeps the choice for this process only."""
-        import hashlib  # noqa: PLC0415
-
-        from filelock import FileLock, Timeout  # noqa: PLC0415
-
-        key = hashlib.sha256((self.data_json or "").encode()).hexdigest()[:20]
-        path = self.library_path.parent / "hvp_choice.json"
-
-        def stored() -> str | None:
-            try:
-                return json.loads(path.read_text()).get(key, {}).get("method")
-            except (OSError, ValueError, AttributeError):
-                return None
-
-        choice = stored()
-        if choice in ("exact", "finite_difference"):
-            return choice
-        rng = np.random.default_rng(0)
-        z = rng.uniform(-2.0, 2.0, size=(16, self._dim))
-        v = rng.normal(size=(16, self._dim))
-        fd, exact_s, fd_s = self._timed_hvp_choice(z, v)
-        choice = "finite_difference" if fd else "exact"
-        try:
-            with FileLock(str(path) + ".lock", timeout=30):
-                existing = stored()
-                if existing in ("exact", "finite_difference"):
-                    return existing
-                try:
-                    table = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    table = {}
-                table[key] = {"method": choice, "exact_seconds": exact_s, "fd_seconds": fd_s}
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps(table, indent=1))
-                os.replace(tmp, path)
-        except (OSError, Timeout):
-            pass
-        return choice
+        """``hvp_method="auto"``: the choice stored for this (library, data), or, the first time,
+        the timed choice (:meth:`_timed_hvp_choice`), stored for every later load
+        (:func:`stanvi.targets.hvp_choice.stored_hvp_choice`)."""
+        return stored_hvp_choice(self.library_path, self.data_json, self._dim,
+                                 self._timed_hvp_choice)
 
     def _timed_hvp_choice(self, z: np.ndarray, v: np.ndarray) -> tuple[bool, float, float]:
-        """Time both HVP methods on the rows of z (best of 3): (finite differences?, exact
-        seconds, finite-difference seconds); finite differences when the exact sweep costs
-        more than twice as much."""
-        zs, vs = z[:16], v[:16]
+        """Both HVP methods timed on the rows of z: (finite differences?, exact seconds,
+        finite-difference seconds); see :func:`stanvi.targets.hvp_choice.timed_hvp_choice`."""
 
-        def best(fd: bool) -> float:
-            times = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                self._batched.hvp(self._handle, zs, vs, propto=False, jacobian=True,
-                                  threads=self.threads, finite_difference=fd)
-                times.append(time.perf_counter() - t0)
-            return min(times)
+        def hvp(zs: np.ndarray, vs: np.ndarray, finite_difference: bool):
+            return self._batched.hvp(self._handle, zs, vs, propto=False, jacobian=True,
+                                     threads=self.threads, finite_difference=finite_difference)
 
-        exact_s, fd_s = best(False), best(True)
-        return exact_s > 2.0 * fd_s, exact_s, fd_s
+        return timed_hvp_choice(hvp, z, v)
 
     def _choose_hvp_method(self, z: np.ndarray, v: np.ndarray) -> None:
         """Fallback for a target whose "auto" choice was not made at load (none here today)."""
