@@ -1,0 +1,143 @@
+"""The ``stanvi bench`` subcommand: its arguments (:func:`add_bench_parser`, called by
+:func:`stanvi.cli.build_parser`) and its dispatch to the benchmark modules of
+:mod:`stanvi.bench` (:func:`run_bench`).  Each benchmark is imported only when it is run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[2] / "stan_models"
+
+
+def add_bench_parser(sub) -> None:
+    """Add ``bench`` to the ``stanvi`` command's subparsers ``sub``."""
+    p = sub.add_parser("bench", help="run a benchmark and print its figures")
+    p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
+                                    "coldstart", "fullrank"],
+                   help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
+                        "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
+                        "stopping: does 'converged' mean converged (against stored optima); "
+                        "public-stopping: the same on posteriordb posteriors; "
+                        "coldstart: import + first fit in fresh processes; "
+                        "fullrank: peak memory, time and accuracy of full-rank fits as D grows")
+    p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
+    p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
+    p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
+    p.add_argument("--compiles", type=int, default=300,
+                   help="target: XLA compilations before timing C++ exceptions (0: skip; default 300)")
+    p.add_argument("--models", default=None, help="methods: comma-separated model names (default: all)")
+    p.add_argument("--seeds", type=int, default=5, help="methods: runs per method and model (default 5)")
+    p.add_argument("--configs", default=None,
+                   help="methods: comma-separated method:profile list (default: trustvi:default,"
+                        "trustvi:paper,advi:paper,advi:stan,hfsgvi:paper); coldstart: "
+                        "method:family list (default: trustvi and advi x meanfield and fullrank)")
+    p.add_argument("--output", default=None,
+                   help="methods: write the figures as JSON here (rewritten after every model); "
+                        "coldstart, fullrank: write the runs as JSON here")
+    p.add_argument("--resume", action="store_true",
+                   help="methods: skip the models already in --output")
+    p.add_argument("--reps", type=int, default=3,
+                   help="coldstart: timed processes per configuration, after one warm-up "
+                        "(default 3; medians are printed)")
+    p.add_argument("--model", default=None,
+                   help="coldstart: the .stan file (default: eight schools, non-centred)")
+    p.add_argument("--data", default=None, help="coldstart: its data (JSON)")
+    p.add_argument("--no-jax-cache", action="store_true",
+                   help="coldstart: run the processes with STANVI_JAX_CACHE=0")
+    p.add_argument("--posteriordb", default=None,
+                   help="public-stopping: a posteriordb checkout (its root or its "
+                        "posterior_database directory)")
+    p.add_argument("--posteriors", default=None,
+                   help="public-stopping: comma-separated posterior names (default: the fixed "
+                        "list in stanvi.bench.public_stopping)")
+    p.add_argument("--optima-dir", default=None,
+                   help="public-stopping: where the computed optima are cached as JSON "
+                        "(default: <stanvi cache>/optima)")
+    p.add_argument("--dims", default=None,
+                   help="fullrank: comma-separated dimensions (default 500,1000,2000)")
+    p.add_argument("--methods", default=None,
+                   help="fullrank: comma-separated methods (default trustvi,advi)")
+    p.add_argument("--max-memory", type=float, default=8.0,
+                   help="fullrank: kill a fit whose resident memory exceeds this many GB "
+                        "(default 8)")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="fullrank: kill a fit after this many seconds (default 1800)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="methods: oracle budget per run in the paper's scaled units "
+                        "(max_oracle_calls; default none)")
+    p.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``stanvi bench WHAT``: run the benchmark ``args.what`` with the options it reads."""
+    if args.what == "target":
+        from stanvi.bench import target_bench  # noqa: PLC0415
+
+        target_bench.run(Path(args.models_dir), cold=not args.no_cold, batch=args.batch,
+                         compiles=args.compiles)
+        return 0
+    if args.what == "methods":
+        from stanvi.bench import methods_bench  # noqa: PLC0415
+
+        configs = methods_bench.DEFAULT_CONFIGS
+        if args.configs:
+            configs = tuple(tuple(c.split(":", 1)) for c in args.configs.split(","))
+        methods_bench.run(Path(args.models_dir), models=args.models.split(",") if args.models else None,
+                          seeds=args.seeds, configs=configs, budget=args.budget,
+                          output=Path(args.output) if args.output else None, resume=args.resume)
+        return 0
+    if args.what == "stopping":
+        from stanvi.bench import stopping_bench  # noqa: PLC0415
+
+        configs = stopping_bench.DEFAULT_CONFIGS
+        if args.configs:  # ';' separates configurations whose options contain ','
+            sep = ";" if ";" in args.configs else ","
+            configs = tuple(c for c in args.configs.split(sep) if c)
+        stopping_bench.run(Path(args.models_dir),
+                           models=args.models.split(",") if args.models else None,
+                           seeds=args.seeds, configs=configs,
+                           output=Path(args.output) if args.output else None)
+        return 0
+    if args.what == "public-stopping":
+        from stanvi.bench import public_stopping  # noqa: PLC0415
+
+        if not args.posteriordb:
+            raise SystemExit("stanvi bench public-stopping: --posteriordb PATH is required "
+                             "(a posteriordb checkout)")
+        configs = public_stopping.DEFAULT_CONFIGS
+        if args.configs:
+            sep = ";" if ";" in args.configs else ","
+            configs = tuple(c for c in args.configs.split(sep) if c)
+        public_stopping.run(Path(args.posteriordb),
+                            posteriors=args.posteriors.split(",") if args.posteriors else None,
+                            seeds=args.seeds, configs=configs,
+                            output=Path(args.output) if args.output else None,
+                            optima_dir=Path(args.optima_dir) if args.optima_dir else None)
+        return 0
+    if args.what == "coldstart":
+        from stanvi.bench import coldstart  # noqa: PLC0415
+
+        configs = coldstart.DEFAULT_CONFIGS
+        if args.configs:
+            configs = tuple(tuple(c.split(":", 1)) for c in args.configs.split(","))
+            if any(len(c) != 2 for c in configs):
+                raise SystemExit("stanvi bench coldstart: --configs takes method:family,...")
+        model = Path(args.model) if args.model else coldstart.DEFAULT_MODEL
+        data = Path(args.data) if args.data else (coldstart.DEFAULT_DATA if not args.model else None)
+        coldstart.run(model, data, configs=configs, reps=args.reps,
+                      jax_cache=not args.no_jax_cache,
+                      output=Path(args.output) if args.output else None)
+        return 0
+    if args.what == "fullrank":
+        from stanvi.bench import fullrank_bench  # noqa: PLC0415
+
+        dims = (tuple(int(d) for d in args.dims.split(",")) if args.dims
+                else fullrank_bench.DEFAULT_DIMS)
+        methods = (tuple(args.methods.split(",")) if args.methods
+                   else fullrank_bench.DEFAULT_METHODS)
+        fullrank_bench.run(dims, methods, max_memory_gb=args.max_memory,
+                           timeout=args.timeout, output=Path(args.output) if args.output else None)
+        return 0
+    raise SystemExit(f"unknown benchmark {args.what}")
