@@ -43,9 +43,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    import stanvi  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
-    target = stanvi.load(args.model, args.data, progress=not args.quiet)
+    target = StanTarget(args.model, args.data, progress=not args.quiet)
     kinds = target.variable_kinds()
     print(f"model: {target.name}")
     print(f"library: {target.library_path}")
@@ -110,7 +110,7 @@ def _group_spec(values: list[str] | None):
 def _cmd_fit(args: argparse.Namespace) -> int:
     import warnings  # noqa: PLC0415
 
-    import stanvi  # noqa: PLC0415
+    from stanvi.fit import fit as stanvi_fit  # noqa: PLC0415
 
     model = Path(args.model)
     if not model.exists():
@@ -123,7 +123,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     options = dict(args.option or [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fit = stanvi.fit(str(model), args.data, method=args.method, family=args.family,
+        fit = stanvi_fit(str(model), args.data, method=args.method, family=args.family,
                          seed=args.seed, profile=args.profile, draws=args.draws,
                          init=args.init, max_oracle_calls=args.max_oracle_calls,
                          hvp_method=args.hvp_method, progress=not args.quiet, **options)

@@ -17,11 +17,12 @@ MODELS = Path(__file__).resolve().parent.parent / "stan_models"
 def main() -> None:
     import jax  # noqa: PLC0415
 
-    import stanvi  # noqa: PLC0415
+    from stanvi.fit import fit as stanvi_fit  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
     stan_file = MODELS / "eight_schools" / "eight_schools_noncentered.stan"
     data_file = MODELS / "eight_schools" / "eight_schools.data.json"
-    target = stanvi.load(stan_file, data_file)
+    target = StanTarget(stan_file, data_file)
     print(f"loaded {target!r}")
     z = np.random.default_rng(1).normal(size=(256, target.dim))
     res = target.log_density_gradient(z)
@@ -29,7 +30,7 @@ def main() -> None:
     print("JAX bridge gradient matches the library on 256 draws:",
           bool(np.allclose(grads, res.gradient)))
 
-    fit = stanvi.fit(target, method="trustvi", seed=1)
+    fit = stanvi_fit(target, method="trustvi", seed=1)
     print(f"\n{fit}")
     print(f"stopped: {fit.status} ({fit.message})")
     elbo, se = fit.elbo()

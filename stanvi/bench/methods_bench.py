@@ -145,11 +145,12 @@ def run_model(name: str, stan: Path, data: Path | None, *, configs=DEFAULT_CONFI
               budget: float | None = None, out=print) -> dict:
     """Benchmark one model (see the module docstring); ``budget``: oracle budget per run
     (scaled units, ``max_oracle_calls``), None for none."""
-    import stanvi  # noqa: PLC0415
     from stanvi.bench.target_bench import _best_time  # noqa: PLC0415
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
+    from stanvi.fit import fit as stanvi_fit  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
-    target = stanvi.load(stan, data, progress=False)
+    target = StanTarget(stan, data, progress=False)
     d = target.dim
     eps_eval = standard_normal(jax.random.PRNGKey(20171), eval_draws, d)
     eps_final = standard_normal(jax.random.PRNGKey(20172), final_draws, d)
@@ -160,13 +161,13 @@ def run_model(name: str, stan: Path, data: Path | None, *, configs=DEFAULT_CONFI
         # warm-up fit (20 oracle units): JAX compilation of the main batch shapes; its wall
         # time is reported, compilation included
         t0 = time.perf_counter()
-        stanvi.fit(target, method=method, profile=profile, seed=10_000, progress=False, draws=10,
+        stanvi_fit(target, method=method, profile=profile, seed=10_000, progress=False, draws=10,
                    max_oracle_calls=20.0)
         first_wall[cfg] = time.perf_counter() - t0
         runs = []
         for seed in range(seeds):
             try:
-                fit = stanvi.fit(target, method=method, profile=profile, seed=seed,
+                fit = stanvi_fit(target, method=method, profile=profile, seed=seed,
                                  progress=False, draws=10, max_oracle_calls=budget)
             except Exception as exc:  # a run that cannot even start counts as failed
                 out(f"  {cfg} seed {seed}: error {type(exc).__name__}: {exc}")

@@ -165,8 +165,8 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
 def run_posterior(root: Path, name: str, *, configs=DEFAULT_CONFIGS, seeds: int = 5,
                   optima_dir: Path) -> tuple[PosteriorRecord, list[StopRun]]:
     """Compile, compute (or read) the optimum, fit and measure one posterior."""
-    import stanvi  # noqa: PLC0415
     from stanvi.errors import StanCompileError, StanDataError  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
     info, stan, zipped = posterior_files(root, name)
     rec = PosteriorRecord(name=name, model=info["model_name"], data=info["data_name"],
@@ -177,7 +177,7 @@ def run_posterior(root: Path, name: str, *, configs=DEFAULT_CONFIGS, seeds: int 
         rec.status, rec.reason = "skipped", f"data: {_first_line(exc)}"
         return rec, []
     try:
-        target = stanvi.load(str(stan), data=data, progress=False)
+        target = StanTarget(str(stan), data=data, progress=False)
     except (StanCompileError, StanDataError) as exc:
         rec.status, rec.reason = "skipped", _first_line(exc)
         return rec, []

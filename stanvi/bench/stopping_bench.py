@@ -134,13 +134,13 @@ def run_model(name: str, stan: Path, data, optimum: dict, *, configs, seeds: int
               trace_points: int = 40, target=None) -> list[StopRun]:
     """Fit the model with every configuration and seed and measure each run (data: a path, a
     dict or None; ``target``: an already loaded target of this model, reused)."""
-    import stanvi  # noqa: PLC0415
+    from stanvi.fit import fit as stanvi_fit  # noqa: PLC0415
 
     runs = []
     for config in configs:
         method, profile, options = parse_config(config)
         for seed in range(seeds):
-            fit = stanvi.fit(target or str(stan), data=None if target else data, method=method,
+            fit = stanvi_fit(target or str(stan), data=None if target else data, method=method,
                              profile=profile, seed=seed, progress=False, draws=10, **options)
             target = fit.target
             runs.append(measure_run(fit, name, config, optimum, trace_points=trace_points))

@@ -101,11 +101,11 @@ def bench_model(stan_file: Path, data_file: Path, *, batch: int = 256, cold: boo
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
-    import stanvi  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
     res: dict[str, float] = _compile_times(stan_file, cold)
-    target = stanvi.load(stan_file, data_file, progress=False)
-    serial = stanvi.load(stan_file, data_file, threads=1, progress=False)
+    target = StanTarget(stan_file, data_file, progress=False)
+    serial = StanTarget(stan_file, data_file, threads=1, progress=False)
     rng = np.random.default_rng(seed)
     z = rng.normal(scale=0.5, size=(batch, target.dim))
     v = rng.normal(size=(batch, target.dim))
@@ -178,14 +178,14 @@ def bench_exceptions(stan_file: Path, data_file: Path, *, compiles: int = 300, r
     with the shared unwinder: libgcc 12 keeps registered frames in a list sorted by address and
     walks it down to the first object below the pc; a library mapped after the JIT code lies
     below most of it.  Each throw's message is checked."""
-    import stanvi  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
     code = Path(stan_file).read_text()
     early, late = {}, {}
     for label, static in (("private_runtime", True), ("shared_runtime", False)):
-        early[label] = stanvi.load(compile_model(stan_file, progress=False, static_runtime=static),
-                                   data_file, threads=1, progress=False)
+        early[label] = StanTarget(compile_model(stan_file, progress=False, static_runtime=static),
+                                  data_file, threads=1, progress=False)
         late[label] = compile_model(code, name="reject_region_loaded_late", progress=False,
                                     static_runtime=static)
     z = np.tile([[3.0, 0.0]], (rows, 1))  # x > 2: reject()
@@ -204,8 +204,8 @@ def bench_exceptions(stan_file: Path, data_file: Path, *, compiles: int = 300, r
     out["compile_seconds"] = time.perf_counter() - t0
     for label, target in early.items():
         out[f"{label}_after_loaded_before"] = per_draw(target)
-        out[f"{label}_after"] = per_draw(stanvi.load(late[label], data_file, threads=1,
-                                                     progress=False))
+        out[f"{label}_after"] = per_draw(StanTarget(late[label], data_file, threads=1,
+                                                    progress=False))
     del kept
     return out
 
