@@ -1,4 +1,5 @@
-"""Gaussian targets with known variational optima, for method tests (spec §1.4).
+"""Gaussian targets with known variational optima, for method tests
+(docs/algorithms.md#gaussian-closed-forms).
 
 Target ``log p(z) = log N(z; m, Σ)`` (normalized, log Z = 0), precision ``Λ = Σ⁻¹``.
 

@@ -1,4 +1,6 @@
-"""Stan-exact ADVI (spec trustvi_hfsgvi_advi.md §2, §3, §7.2; tests 18–22, 24 of §9)."""
+"""Stan-exact ADVI (Kucukelbir et al. 2017, as Stan's advi.hpp implements it:
+docs/algorithms.md#advi; oracle accounting: #oracle-calls; the TrustVI paper's ADVI settings:
+#advi-profiles)."""
 
 from __future__ import annotations
 
@@ -130,9 +132,10 @@ def test_initial_point_rule():
     np.testing.assert_allclose(np.asarray(fr.cholesky(r.trace.params[0])), np.exp(-1) * np.eye(D))
 
 
-# ============================================================================ test 18: step sizes
+# ============================================================================ step sizes (docs/algorithms.md#advi-step-size)
 def test_stepsize_sequence_scripted_gradients():
-    """§2.5: s_1 = g_1², s_k = 0.1 g_k² + 0.9 s_{k−1}, ρ_k = η k^{-1/2} / (1 + √s_k)."""
+    """s_1 = g_1², s_k = 0.1 g_k² + 0.9 s_{k−1}, ρ_k = η k^{-1/2} / (1 + √s_k)
+    (docs/algorithms.md#advi-step-size)."""
     grads = [np.array([2.0, -0.5, 0.0]), np.array([-1.0, 3.0, 0.25]),
              np.array([0.5, 0.5, -4.0]), np.array([0.0, -2.0, 1.0])]
     eta = 0.7
@@ -187,7 +190,7 @@ def test_chunking_does_not_change_results(monkeypatch):
     np.testing.assert_allclose(np.array(a.trace.params), np.array(b.trace.params), rtol=1e-13)
 
 
-# ============================================================================ test 19: eta
+# ============================================================================ eta adaptation (docs/algorithms.md#advi-eta)
 def _select(elbos, elbo_init=-1000.0):
     calls = []
 
@@ -238,7 +241,8 @@ def test_eta_adaptation_in_run_and_reset_to_q0(monkeypatch):
         np.testing.assert_allclose(r.trace.params[t], expected, rtol=1e-12)
     sgd = rows(r, "sgd")
     assert len(sgd) == 100 and sgd[0]["iteration"] == 201 and sgd[-1]["elbo"] == -300.0
-    # §3: 300 gradients of 1 draw, 6 ELBOs of 100 draws; elbo_init is charged to row 1
+    # 300 gradients of 1 draw, 6 ELBOs of 100 draws; elbo_init is charged to row 1
+    # (docs/algorithms.md#oracle-calls)
     assert r.trace.rows[1]["oracle_scaled"] == pytest.approx(1 / 256 + 100 / 128)
     assert r.ledger.scaled == pytest.approx(300 / 256 + 6 * 100 / 128)
     assert r.ledger.literal == 306
@@ -259,7 +263,7 @@ def test_eta_adaptation_failures(monkeypatch):
     assert len(r.trace) == 1
 
 
-# ============================================================================ test 20: convergence
+# ============================================================================ convergence (docs/algorithms.md#advi-convergence)
 def test_relative_tolerance_bookkeeping():
     assert advi.Options().cb_size == 10
     assert advi.Options(max_iterations=100).cb_size == 2
@@ -343,7 +347,7 @@ def test_convergence_trace_on_real_run_and_max_iterations():
     assert np.all(np.diff(r.trace.column("oracle_scaled")) > 0)
 
 
-# ============================================================================ test 21: failures
+# ============================================================================ failures (docs/algorithms.md#failed-draws, #advi-gradient)
 def _failures_before(flags, n_needed):
     """Sequential reference (Stan's loop): failures among ``flags`` before the n_needed-th
     success (all failures if it never comes); the caller compares with the drop limit."""
@@ -360,7 +364,8 @@ def _failures_before(flags, n_needed):
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_gradient_drop_limit_is_ten_per_draw(n):
-    """10·n − 1 dropped draws are absorbed, the 10·n-th drop fails the gradient (§2.3)."""
+    """10·n − 1 dropped draws are absorbed, the 10·n-th drop fails the gradient
+    (docs/algorithms.md#advi-gradient)."""
     family = MeanField(2)
     est = estimator(HALF, family)
     params = family.initial_params(np.array([1.28, 0.0]))    # P(fail) = Φ(1.28) ≈ 0.9
@@ -465,7 +470,7 @@ def test_budget_stops_runs():
     assert r.status == "budget" and r.trace.rows[-1]["step"] == 100 and "elbo" in r.trace.rows[-1]
 
 
-# ============================================================================ test 22: output
+# ============================================================================ output (docs/algorithms.md#advi-output)
 def test_output_draws_format():
     family = FullRank(D)
     est = estimator(GAUSS, family)
@@ -484,7 +489,7 @@ def test_output_draws_format():
                                rtol=1e-14)
 
 
-# ============================================================================ test 24: determinism
+# ============================================================================ determinism (docs/algorithms.md#random-keys)
 def test_same_seed_same_result_different_seed_differs():
     def strip(r):
         return [{k: v for k, v in row.items() if k not in ("wall_time", "compile_time")} for row in r.trace.rows]
@@ -508,8 +513,9 @@ def _sgd_sd(eta, k, n, noise_var, curvature):
 
 
 def test_meanfield_converges_to_gaussian_optimum():
-    """Mean-field optimum for N(m, Λ⁻¹): μ = m, σ_i = 1/√Λ_ii (§1.4); tolerance 5 sd of the SGD
-    noise at the last iterate (per-draw gradient variances at the optimum, worked out below)."""
+    """Mean-field optimum for N(m, Λ⁻¹): μ = m, σ_i = 1/√Λ_ii
+    (docs/algorithms.md#gaussian-closed-forms); tolerance 5 sd of the SGD noise at the last
+    iterate (per-draw gradient variances at the optimum, worked out below)."""
     family = MeanField(D)
     n, k = 256, 2000
     r = run_advi(GAUSS, family, seed=0, profile="paper", max_iterations=k)

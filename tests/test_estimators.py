@@ -1,11 +1,11 @@
 """ELBO estimators: per-draw values and gradients, HVPs, matched pairs, redraws
-(spec trustvi_hfsgvi_advi.md §1.1–§1.4, §6; §9 tests 1–5).
+(docs/algorithms.md#elbo, #meanfield, #fullrank, #failed-draws, #gaussian-closed-forms).
 
-* Formula checks compare with the closed forms of §1.1/§1.2/§6 at the same fixed draws (exact up
-  to rounding).
+* Formula checks compare with the closed forms of docs/algorithms.md#meanfield and #fullrank at
+  the same fixed draws (exact up to rounding).
 * HVP checks compare with central finite differences of the fixed-draw gradient (the MC ELBO
-  with fixed draws is a smooth deterministic function of λ, §1.1), relative tolerance 1e-5
-  (exact nested-AD HVPs; 1e-3 for a finite-difference Stan build, §9 test 2).
+  with fixed draws is a smooth deterministic function of λ, docs/algorithms.md#elbo), relative
+  tolerance 1e-5 (exact nested-AD HVPs; 1e-3 for a finite-difference Stan build).
 * Monte Carlo checks use 5 standard errors of the estimator they test.
 """
 
@@ -33,7 +33,7 @@ _Y = np.array([1.0, -1.0, 1.0, 1.0, -1.0])
 
 
 def banana_logistic(z):
-    """A non-Gaussian 4-d log density (as in the spec's review): a banana in (z0, z1) plus a
+    """A non-Gaussian 4-d log density: a banana in (z0, z1) plus a
     logistic-regression likelihood coupling (z1, z2, z3); all third derivatives non-zero."""
     banana = -0.5 * z[0] ** 2 - 0.5 * ((z[1] - 0.5 * z[0] ** 2) / 0.8) ** 2
     logit = jnp.sum(jax.nn.log_sigmoid(_Y * (jnp.asarray(_X) @ z[1:4])))
@@ -99,7 +99,7 @@ def banana_estimators():
     return {fid: ElboEstimator(f, banana_logistic) for fid, f in zip(FAM_IDS, families(DIM))}
 
 
-# ------------------------------------------------------------------------------ per-draw formulas (§1.1, §1.2, §6)
+# ------------------------------------------------------------------------------ per-draw formulas (docs/algorithms.md#meanfield, #fullrank)
 
 @pytest.mark.parametrize("fid", FAM_IDS)
 def test_values_are_log_p_plus_closed_form_entropy(banana_estimators, fid, rng):
@@ -116,7 +116,7 @@ def test_values_are_log_p_plus_closed_form_entropy(banana_estimators, fid, rng):
 
 
 def test_meanfield_per_draw_gradient_formula(banana_estimators, rng):
-    """G_j = (g_j, g_j ⊙ σ ⊙ ε_j + 1) exactly (§1.1; test 1's fixed-seed part)."""
+    """G_j = (g_j, g_j ⊙ σ ⊙ ε_j + 1) exactly (docs/algorithms.md#meanfield)."""
     est = banana_estimators["meanfield"]
     params = some_params(est.family, rng)
     mu, sigma = params[:DIM], np.exp(params[DIM:])
@@ -132,7 +132,7 @@ def test_meanfield_per_draw_gradient_formula(banana_estimators, rng):
 @pytest.mark.parametrize("fid", ["fullrank-stan", "fullrank-log"])
 def test_fullrank_per_draw_gradient_formula(banana_estimators, fid, rng):
     """Stan: ∂/∂L = tril(g εᵀ) + diag(1/L_dd); log diagonal: the diagonal entry is
-    g_d e^{ω_d} ε_d + 1 (§1.2)."""
+    g_d e^{ω_d} ε_d + 1 (docs/algorithms.md#fullrank)."""
     est = banana_estimators[fid]
     fam = est.family
     params = some_params(fam, rng)
@@ -153,8 +153,9 @@ def test_fullrank_per_draw_gradient_formula(banana_estimators, fid, rng):
 
 @pytest.mark.parametrize("fid", FAM_IDS)
 def test_hvp_matches_per_draw_formula(banana_estimators, fid, rng):
-    """The ELBO HVP equals the mean over draws of the §6 / §1.2 per-draw formulas, computed here
-    from the model's own Hessian H(z_j) (exact, no finite differences)."""
+    """The ELBO HVP equals the mean over draws of the per-draw formulas (docs/algorithms.md
+    #meanfield, #fullrank), computed here from the model's own Hessian H(z_j) (exact, no finite
+    differences)."""
     est = banana_estimators[fid]
     fam = est.family
     params = some_params(fam, rng)
@@ -195,7 +196,7 @@ def test_hvp_matches_per_draw_formula(banana_estimators, fid, rng):
     np.testing.assert_allclose(est.hvp(params, eps, v), expected, rtol=1e-11, atol=1e-12)
 
 
-# ------------------------------------------------------------------------------ HVP vs finite differences (test 2)
+# ------------------------------------------------------------------------------ HVP vs finite differences
 
 def assert_hvp_matches_fd(est, params, eps, directions, rtol):
     grad = mean_gradient(est, eps)
@@ -242,7 +243,7 @@ def test_hvp_vs_finite_differences_stan_bridge(eight_schools, eight_schools_esti
     assert_hvp_matches_fd(est, params, eps, dirs, rtol=rtol)
 
 
-# ------------------------------------------------------------------------------ symmetry (test 3)
+# ------------------------------------------------------------------------------ symmetry
 
 @pytest.mark.parametrize("fid", FAM_IDS)
 def test_hvp_operator_is_symmetric(banana_estimators, fid, rng):
@@ -267,7 +268,7 @@ def test_hvp_operator_is_symmetric_stan_bridge(eight_schools_estimators, eight_s
     assert abs(w @ hv - v @ hw) <= tol * scale
 
 
-# ------------------------------------------------------------------------------ Gaussian target closed forms (tests 1, 4)
+# ------------------------------------------------------------------------------ Gaussian target closed forms (docs/algorithms.md#gaussian-closed-forms)
 
 @pytest.fixture(scope="module")
 def gaussian_mf():
@@ -276,7 +277,8 @@ def gaussian_mf():
 
 
 def test_gaussian_values_closed_form_elbo(gaussian_mf, rng):
-    """E ℓ = the §1.4 closed-form ELBO (MC, 5 standard errors)."""
+    """E ℓ = the closed-form ELBO (docs/algorithms.md#gaussian-closed-forms; MC, 5 standard
+    errors)."""
     est, Lam = gaussian_mf
     params = np.array([0.0, 0.3, 1.0, -0.5, 0.2, -1.0])
     mu, sig2 = params[:3], np.exp(2 * params[3:])
@@ -350,7 +352,7 @@ def test_log_p_and_q(banana_estimators, fid, rng):
     np.testing.assert_allclose(lq, np.asarray(fam.log_q(params, z)), rtol=1e-12)
 
 
-# ------------------------------------------------------------------------------ gradient_with_redraws (§1.3, §4.3)
+# ------------------------------------------------------------------------------ gradient_with_redraws (docs/algorithms.md#failed-draws, #trustvi-gradient)
 
 THRESHOLD = 0.5
 

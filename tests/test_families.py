@@ -1,4 +1,4 @@
-"""Gaussian variational families (spec trustvi_hfsgvi_advi.md §1.1, §1.2; §9 test 5).
+"""Gaussian variational families (docs/algorithms.md#meanfield and #fullrank).
 
 Monte Carlo checks use tolerances of at least 5 standard errors of the estimator they test.
 """
@@ -204,7 +204,8 @@ def test_stan_diagonal_may_be_negative(rng):
 
 
 def test_stan_diagonal_exact_zero_is_skipped_in_entropy():
-    """Stan's ``normal_fullrank::entropy`` skips exact zeros on the diagonal (§1.2)."""
+    """Stan's ``normal_fullrank::entropy`` skips exact zeros on the diagonal
+    (docs/algorithms.md#fullrank)."""
     fam = FullRank(2, diagonal="stan")
     params = np.array([0.0, 0.0, 2.0, 0.3, 0.0])    # L = [[2, 0], [0.3, 0]]
     expected = 0.5 * 2 * (1 + math.log(2 * math.pi)) + math.log(2.0)
@@ -212,7 +213,7 @@ def test_stan_diagonal_exact_zero_is_skipped_in_entropy():
     assert np.isfinite(float(jax.grad(fam.entropy)(jnp.asarray(params))[2]))
 
 
-# ------------------------------------------------------------------------------- entropy derivatives (test 5)
+# ------------------------------------------------------------------------------- entropy derivatives
 
 def test_meanfield_entropy_gradient_is_one_and_hessian_zero(rng):
     fam = MeanField(D)

@@ -1,5 +1,5 @@
-"""HFSGVI, the TrustVI paper's Hessian-free Newton comparator (spec trustvi_hfsgvi_advi.md §5.3;
-§9 tests 16, 17).
+"""HFSGVI, the TrustVI paper's Hessian-free Newton comparator (Fan et al. 2015; Regier, Jordan &
+McAuliffe 2017, §5.2; docs/algorithms.md#hfsgvi).
 
 Tolerances: on a Gaussian target every HFSGVI iterate is a full Newton step computed from a
 gradient of n_g draws, so near the optimum its ELBO loss is the weighted χ² of
@@ -46,7 +46,7 @@ def run_direct(est, options, *, seed=0, init_mu=None):
     return hfsgvi.run(None, fam, key=jax.random.PRNGKey(seed), options=options, context=ctx)
 
 
-# ------------------------------------------------------------------------------ test 17: Newton property
+# ------------------------------------------------------------------------------ Newton property (docs/algorithms.md#hfsgvi)
 
 def mu_newton_step(est, params, grad_mu, eps_h):
     """One Newton step in μ alone (ω fixed), by HFSGVI's truncated CG on the μ-block of the
@@ -66,7 +66,8 @@ def test_newton_step_with_exact_gradient_lands_on_mean():
     d = problem.dim
     est = ElboEstimator(MeanField(d), problem.log_density)
     params = np.concatenate([np.array([3.0, -2.0, 0.5]), np.array([-0.3, 0.4, -1.0])])
-    exact_grad_mu = -problem.precision @ (params[:d] - problem.m)      # §1.4
+    # the exact gradient in μ: docs/algorithms.md#gaussian-closed-forms
+    exact_grad_mu = -problem.precision @ (params[:d] - problem.m)
     eps_h = standard_normal(jax.random.PRNGKey(0), 85, d)
     mu_new = mu_newton_step(est, params, exact_grad_mu, eps_h)
     np.testing.assert_allclose(mu_new, problem.m, rtol=0, atol=1e-10)
@@ -74,7 +75,7 @@ def test_newton_step_with_exact_gradient_lands_on_mean():
 
 def test_newton_step_with_mc_gradient_error_is_mean_sigma_eps():
     """With a Monte Carlo gradient from draws ε_grad the μ-Newton step lands on
-    m − mean(σ ⊙ ε_grad) exactly (test 17)."""
+    m − mean(σ ⊙ ε_grad) exactly."""
     problem = CORRELATED
     d = problem.dim
     est = ElboEstimator(MeanField(d), problem.log_density)
@@ -147,7 +148,7 @@ def test_truncated_cg_negative_curvature_rules():
     assert status == "converged" and n == 0 and not p.any()
 
 
-# ------------------------------------------------------------------------------ convergence (test 16)
+# ------------------------------------------------------------------------------ convergence (docs/algorithms.md#gaussian-closed-forms)
 
 def test_converges_on_well_conditioned_gaussian_large_batches():
     """With 4096-draw gradients and Hessians the final iterate's ELBO loss is below

@@ -1,5 +1,5 @@
-"""Jackknife signal-to-noise check and replication factor (spec trustvi_hfsgvi_advi.md §4.3;
-§9 test 12)."""
+"""Jackknife signal-to-noise check and replication factor (Regier, Jordan & McAuliffe 2017,
+§3.2; Efron & Stein 1981; docs/algorithms.md#trustvi-gradient)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_matches_brute_force_leave_one_out(n, p, signal):
     theta, sd = brute_force_jackknife(G)
     assert res.theta_hat == pytest.approx(theta, rel=1e-10, abs=1e-13)
     assert res.sd == pytest.approx(sd, rel=1e-9, abs=1e-13)
-    # the spec's formulae with S and Q (§4.3), written out literally
+    # the formulae with S and Q (docs/algorithms.md#trustvi-gradient), written out literally
     S, Q = G.sum(0), np.sum(G * G)
     assert res.theta_hat == pytest.approx((S @ S - Q) / (n * (n - 1)), rel=1e-10, abs=1e-13)
     # the noise part of ‖ḡ‖²: tr(Σ̂)/n with the unbiased sample covariance

@@ -1,5 +1,6 @@
-"""The protocol pieces of ``stanvi bench methods`` (spec §7.2): the median run, "consistently
-above the threshold", the report's markdown, and resuming a killed run from its JSON."""
+"""The protocol pieces of ``stanvi bench methods`` (Regier, Jordan & McAuliffe 2017, §5;
+docs/algorithms.md#benchmark-protocol): the median run, "consistently above the threshold", the
+report's markdown, and resuming a killed run from its JSON."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Trust-region subproblem solvers (spec trustvi_hfsgvi_advi.md §4.4, §4.5; §9 tests 6, 7, 13).
+"""Trust-region subproblem solvers (docs/algorithms.md#trust-region-subproblem, #steihaug, #gltr,
+#dense-tr and #hessian-reuse; Regier, Jordan & McAuliffe 2017, §3.2).
 
 Problems are ``min q(s) = cᵀs + ½ sᵀBs, ‖s‖ ≤ δ`` with small dense B, given to the operator
 solvers only through a counting HVP wrapper. The dense Moré–Sorensen solver is itself checked
@@ -100,7 +101,7 @@ def check_kkt(T, b, delta, res, tol=1e-8):
 
 
 # --------------------------------------------------------------------------------------------
-# dense reference solver (§4.5.3)
+# dense reference solver (Moré & Sorensen 1983; docs/algorithms.md#dense-tr)
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["pd", "illcond", "indefinite", "negdef", "hard", "nearhard"])
@@ -164,7 +165,7 @@ def test_dense_zero_gradient():
 
 
 # --------------------------------------------------------------------------------------------
-# Steihaug and GLTR vs the dense reference (§9 test 6, 7)
+# Steihaug (Nocedal & Wright 2006, Alg. 7.2) and GLTR (Gould et al. 1999) vs the dense reference
 # --------------------------------------------------------------------------------------------
 
 CASES = [(kind, delta) for kind in ("pd", "illcond", "indefinite", "negdef", "nearhard")
@@ -304,7 +305,7 @@ def test_non_finite_operator_result_stops_at_once(bad, at_call):
 
 
 # --------------------------------------------------------------------------------------------
-# subspace Hessian reuse (§4.4; §9 test 13 "reuse spends exactly 1 HVP")
+# subspace Hessian reuse spends exactly 1 HVP (docs/algorithms.md#hessian-reuse)
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["pd", "indefinite", "negdef"])

@@ -1,5 +1,5 @@
-"""Writing fits to disk (issue P1-3): the Stan CSV (CmdStan 'variational' layout, spec §2.8),
-and Fit.save (CSV + NetCDF + summary + diagnostics)."""
+"""Writing fits to disk (issue P1-3): the Stan CSV (CmdStan 'variational' layout,
+docs/algorithms.md#advi-output), and Fit.save (CSV + NetCDF + summary + diagnostics)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""ELBO-change sample sizes (spec trustvi_hfsgvi_advi.md §4.2, §4.6; §9 tests 10, 11)."""
+"""ELBO-change sample sizes (Regier, Jordan & McAuliffe 2017, §3.3.1: Inequalities 11 and 13,
+Eq. 12; docs/algorithms.md#sample-size and #trustvi-constants)."""
 
 from __future__ import annotations
 
@@ -176,7 +177,8 @@ def test_retrospective_update(N_k, N_star, n_g, N_max, expected):
     (512, None, 128, 4096, 512),    # aborted assessment: unchanged
 ])
 def test_reference_code_update(N_k, N_star, N_min, N_max, expected):
-    """[R]'s rule (§4.6 last bullet): halves whenever N* < N_k/2 down to 128, doubles to N_max."""
+    """[R]'s rule (docs/algorithms.md#sample-size, the "reference" policy): halves whenever
+    N* < N_k/2 down to 128, doubles to N_max."""
     assert reference_code_update(N_k, N_star, N_min, N_max) == expected
 
 

@@ -1,9 +1,9 @@
-"""TrustVI, Algorithm 1 (spec trustvi_hfsgvi_advi.md §4; §9 tests 8, 9, 13–16, 24).
+"""TrustVI, Algorithm 1 of Regier, Jordan & McAuliffe 2017 (docs/algorithms.md#trustvi).
 
-Convergence tolerances (test 16), for the exact closed-form ELBO gap of the final iterate on a
+Convergence tolerances, for the exact closed-form ELBO gap of the final iterate on a
 Gaussian target (no evaluation noise, see ``gaussian_targets``):
 
-* ``paper`` profile: 0.05·√D nats, the spec's test-16 tolerance.  This profile stops only when
+* ``paper`` profile: 0.05·√D nats (the project's choice).  This profile stops only when
   δ < δ_min, i.e. when no step's gain can be verified any more with up to N_max = 4096 pairs.
 * ``default`` profile: it stops when the Newton model predicts less than ``tol_model`` = 0.25
   nats of gain (3 times in a row).  The model's prediction is off by the Monte Carlo noise of
@@ -78,7 +78,7 @@ def gap_tolerance(problem, fit) -> float:
     return o.tol_model + noise_gap_bound(problem, fit.family, est, o.n_grad * last_accepted_r(fit))
 
 
-# ------------------------------------------------------------------------------ test 16: optimum of Gaussian targets
+# ------------------------------------------------------------------------------ optimum of Gaussian targets (docs/algorithms.md#gaussian-closed-forms)
 
 @pytest.mark.parametrize("profile", ["default", "paper"])
 @pytest.mark.parametrize("correlated", [False, True], ids=["diag", "ar1"])
@@ -108,7 +108,7 @@ def test_fullrank_recovers_covariance(profile, dim, diagonal):
     assert 0 <= kl <= tol
 
 
-# ------------------------------------------------------------------------------ trace invariants (tests 8, 13)
+# ------------------------------------------------------------------------------ trace invariants (docs/algorithms.md#trustvi-stopping)
 
 def check_trace_invariants(fit):
     """Acceptance rule, λ-test, radius updates and parameter updates, row by row."""
@@ -171,7 +171,7 @@ def test_trace_obeys_acceptance_rule(profile):
     assert info["rejected_lambda"] + info["rejected_change"] > 0
 
 
-# ------------------------------------------------------------------------------ test 8: table-driven acceptance rule
+# ------------------------------------------------------------------------------ table-driven acceptance rule (Eq. 10; docs/algorithms.md#trustvi-assessment)
 
 class ScriptedEstimator:
     """A stand-in ElboEstimator with a scripted gradient g (identical for every draw), a fixed
@@ -289,7 +289,7 @@ def test_newton_gain_of_solutions():
     assert indefinite.on_boundary and _newton_gain(indefinite, c, -indefinite.q_value) == np.inf
 
 
-# ------------------------------------------------------------------------------ reference_code profile (§4.9)
+# ------------------------------------------------------------------------------ reference_code profile (docs/algorithms.md#reference-code)
 
 def test_reference_code_warmup_ratio_acceptance_and_radius_rule():
     """[R]'s rules on the scripted problem (m' = ½ at δ ≥ 1, ‖s‖ = 1): iteration 1 (δ = 1)
@@ -341,8 +341,9 @@ def test_reference_code_converges_on_gaussian():
 
 
 def test_nonfinite_hvp_rejects_without_assessment_and_redraws_hessian():
-    """Spec §4.7/test 9: a NaN Hessian-vector product rejects the step (δ ← δ/γ), nothing is
-    assessed, and the next iteration draws a fresh Hessian (a bad sample is never reused)."""
+    """A NaN Hessian-vector product rejects the step (δ ← δ/γ), nothing is assessed, and the
+    next iteration draws a fresh Hessian (a bad sample is never reused;
+    docs/algorithms.md#non-finite)."""
     hess = np.full((4, 4), np.nan)
     est = ScriptedEstimator([1.0, 0.0, 0.0, 0.0], hess, None)
     o = make_options(trustvi, "paper", {"delta0": 1.0, "max_iters": 3, "n_grad": 4, "n_hess": 2})
@@ -370,7 +371,7 @@ def test_failed_gradient_ends_run_with_failed_status():
     assert fit.status == "failed" and "failed_gradient" in fit.message
 
 
-# ------------------------------------------------------------------------------ test 9: never accept a failed assessment
+# ------------------------------------------------------------------------------ never accept a failed assessment (docs/algorithms.md#non-finite)
 
 REGION = 1.0
 
@@ -432,7 +433,7 @@ def test_never_accepts_failed_step_stan_reject_region(reject_region):
     assert failures > 0, "no assessment ever failed: the test did not exercise the path"
 
 
-# ------------------------------------------------------------------------------ test 13: Hessian reuse
+# ------------------------------------------------------------------------------ Hessian reuse (docs/algorithms.md#hessian-reuse)
 
 def check_hessian_reuse(fit):
     o = opts_of(fit)
@@ -477,13 +478,13 @@ def test_hessian_reuse_options(extra):
         assert not all(fresh)
 
 
-# ------------------------------------------------------------------------------ test 15: oracle accounting
+# ------------------------------------------------------------------------------ oracle accounting (docs/algorithms.md#oracle-calls)
 
 def hessian_sizes(fit):
     """n_h of the Hessian sample used in each iteration: 85·r_{k+1} (the replication factor
-    after this iteration's jackknife update, §4.3 [review]) when fresh, else the size of the
-    sample being reused.  The trace records r_k and whether the Hessian was fresh, not n_h
-    itself; r_{k+1} is the next row's r (``info['final_r']`` after the last row)."""
+    after this iteration's jackknife update, docs/algorithms.md#trustvi-gradient) when fresh,
+    else the size of the sample being reused.  The trace records r_k and whether the Hessian was
+    fresh, not n_h itself; r_{k+1} is the next row's r (``info['final_r']`` after the last row)."""
     o = opts_of(fit)
     rs = rows(fit)
     r_next = [rs[k + 1]["r"] for k in range(1, len(rs) - 1)] + [fit.info["final_r"]]
@@ -554,7 +555,7 @@ def test_ledger_matches_model_evaluations(eight_schools):
     assert res.ledger.hvp_draws > 0 and res.ledger.log_density_draws > 0
 
 
-# ------------------------------------------------------------------------------ test 14: sample independence
+# ------------------------------------------------------------------------------ sample independence (docs/algorithms.md#random-keys)
 
 class RecordingEstimator:
     """Wraps an ElboEstimator and records the base draws it is given, by role."""
@@ -602,7 +603,7 @@ def test_sample_independence():
         assert len(keys) == 5
 
 
-# ------------------------------------------------------------------------------ test 24: determinism
+# ------------------------------------------------------------------------------ determinism (docs/algorithms.md#random-keys)
 
 def comparable_rows(fit):
     return [{k: v for k, v in r.items() if k not in ("wall_time", "compile_time")} for r in rows(fit)]
