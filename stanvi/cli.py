@@ -14,6 +14,10 @@
                                          method x family (stanvi.bench.coldstart)
     stanvi bench fullrank                full-rank fits at D = 500, 1000, 2000: peak memory,
                                          time, accuracy (stanvi.bench.fullrank_bench)
+    stanvi batch SOURCE --out RUNS       every model of an example-models or posteriordb
+                                         checkout x methods x seeds, on Dask; resumable
+    stanvi report RUNS                   HTML page, CSV tables and plots of a batch's records
+                                         (docs/batch.md)
 
 Errors print one readable line (plus stanc's or Stan's own message) and exit with status 1
 (status 2 for a bad command line); ``--debug`` (or ``STANVI_DEBUG=1``) shows the traceback.
@@ -29,6 +33,7 @@ import sys
 import threading
 from pathlib import Path
 
+from stanvi.batch.cli import add_batch_parser, add_report_parser
 from stanvi.bench.cli import add_bench_parser
 from stanvi.bench.cli import DEFAULT_MODELS_DIR  # noqa: F401  (re-exported: it was defined here)
 from stanvi.errors import StanviError
@@ -235,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_fit)
 
     add_bench_parser(sub)
+    add_batch_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

@@ -182,3 +182,16 @@ def test_plan_and_method_list():
         check_config(BatchConfig(methods=(("advi", "fast"),)))
     with pytest.raises(ValueError, match="unknown family"):
         check_config(BatchConfig(families=("lowrank",)))
+
+
+def test_cli_errors_name_what_is_wrong(tmp_path, capsys):
+    from stanvi.cli import main
+
+    assert main(["batch", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+    assert main(["batch", str(tmp_path), "--out", str(tmp_path / "r"), "--methods", "nuts"]) == 1
+    assert "unknown method 'nuts'" in capsys.readouterr().err
+    assert main(["batch", str(tmp_path), "--out", str(tmp_path / "r"), "--family", "x"]) == 1
+    assert "unknown family 'x'" in capsys.readouterr().err
+    assert main(["report", str(tmp_path)]) == 1
+    assert "not a runs directory" in capsys.readouterr().err

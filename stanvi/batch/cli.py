@@ -6,6 +6,10 @@
 
 SOURCE is a stan-dev/example-models or stan-dev/posteriordb checkout (told apart by posteriordb's
 ``posteriors/`` directory).  The same command again resumes: finished tasks are skipped.
+
+    stanvi report RUNS_DIR [--out DIR]
+
+writes the batch's HTML page, CSV tables and plots (:mod:`stanvi.batch.report`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["add_batch_parser", "parse_methods", "cases_from_source"]
+__all__ = ["add_batch_parser", "add_report_parser", "parse_methods", "cases_from_source"]
 
 
 def parse_methods(text: str, profile: str | None = None) -> tuple[tuple[str, str | None], ...]:
@@ -55,6 +59,11 @@ def _cmd_batch(args: argparse.Namespace) -> int:
 
     methods = parse_methods(args.methods, args.profile)
     families = tuple(f.strip() for f in args.family.split(",") if f.strip())
+    config = BatchConfig(methods=methods, families=families, seeds=args.seeds,
+                         max_dim=args.max_dim, fullrank_max_dim=args.fullrank_max_dim,
+                         timeout=args.timeout, compile_timeout=args.compile_timeout,
+                         draws=args.draws)
+    check_config(config)   # a bad method, profile or family fails before any work
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     cases = cases_from_source(args.source, glob=args.glob, names=names,
                               max_data_bytes=args.max_data_bytes,
@@ -68,11 +77,6 @@ def _cmd_batch(args: argparse.Namespace) -> int:
     print(f"stanvi batch: {len(cases)} models in {args.source} ({runnable} runnable), "
           f"{len(methods)} method(s) x {len(families)} family(ies) x {args.seeds} seed(s) -> "
           f"{args.out}")
-    config = BatchConfig(methods=methods, families=families, seeds=args.seeds,
-                         max_dim=args.max_dim, fullrank_max_dim=args.fullrank_max_dim,
-                         timeout=args.timeout, compile_timeout=args.compile_timeout,
-                         draws=args.draws)
-    check_config(config)
     counts = run_batch(cases, args.out, config, scheduler=args.scheduler, workers=args.workers,
                        progress=not args.quiet)
     print("fit records by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -107,7 +111,27 @@ def add_batch_parser(sub) -> None:
                    help="posteriordb: only posteriors with reference draws")
     p.add_argument("--sample", type=int, default=None,
                    help="a random subset of this many models (seed --sample-seed)")
-    p.add_argument("--sample-seed", type=int, default=0)
+    p.add_argument("--sample-seed", type=int, default=0,
+                   help="seed of the random subset of --sample (default 0)")
     p.add_argument("--draws", type=int, default=2000, help="output draws per fit (default 2000)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=_cmd_batch)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from stanvi.batch.report import write_report  # noqa: PLC0415
+
+    runs = Path(args.runs_dir).expanduser()
+    if not (runs / "records").is_dir():
+        raise FileNotFoundError(f"{runs} is not a runs directory of stanvi batch (no records/ in it)")
+    index = write_report(runs, args.out)
+    print(f"stanvi report: {index}")
+    return 0
+
+
+def add_report_parser(sub) -> None:
+    """Add the ``report`` subcommand to the ``stanvi`` parser's subparsers."""
+    p = sub.add_parser("report", help="write the HTML report, CSV tables and plots of a batch run")
+    p.add_argument("runs_dir", help="the runs directory given to stanvi batch --out")
+    p.add_argument("--out", default=None, help="output directory (default RUNS_DIR/report)")
+    p.set_defaults(func=_cmd_report)

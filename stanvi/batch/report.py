@@ -106,7 +106,7 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
     chosen = sorted(spread, key=lambda m: -spread[m])[:6]
     if chosen:
         fig, axes = plt.subplots(2, 3, figsize=(11, 6.5), squeeze=False)
-        from stanvi.bench.methods_bench import median_run  # noqa: PLC0415
+        from stanvi.bench.protocol import median_run  # noqa: PLC0415
 
         for ax, model in zip(axes.flat, chosen):
             best = -math.inf

@@ -4,12 +4,12 @@ paper's protocol over pairs of configurations, and the figures of the closing su
 A *configuration* is ``method:profile:family`` (``trustvi:default:meanfield``).  Per model and
 configuration, the runs over seeds are summarized as in ``stanvi bench methods``: the median run
 is the one whose final ELBO (10,000 draws common to every run of the model) is the median, a
-failed run ranking −∞ (:func:`stanvi.bench.methods_bench.median_run`).
+failed run ranking −∞ (:func:`stanvi.bench.protocol.median_run`).
 
 The protocol (docs/algorithms.md#benchmark-protocol; Regier et al. 2017, §5): for a pair of
 configurations on a model, the threshold is the worse of the two median runs' final ELBOs minus
 1 nat; each run's cost is its oracle calls at the first trace point after which every evaluation
-ELBO stays at or above the threshold (:func:`~stanvi.bench.methods_bench.first_consistent`); a
+ELBO stays at or above the threshold (:func:`~stanvi.bench.protocol.first_consistent`); a
 pair is excluded when either reaches it in fewer than 5 iterations, or when a median run failed;
 final ELBOs within 1 nat are a tie.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.bench.methods_bench import RunSummary, first_consistent, median_run
+from stanvi.bench.protocol import RunSummary, first_consistent, median_run, protocol_pair
 
 __all__ = ["config_of", "group_runs", "model_rows", "protocol_pairs", "pair_summary"]
 
@@ -108,28 +108,6 @@ def model_rows(grouped: dict[str, dict[str, list[dict]]], dims: dict[str, int]) 
                 "w1_sd": _median([_accuracy(r, "w1_sd") for r in recs]),
                 "failures": " | ".join(failures)})
     return rows
-
-
-def protocol_pair(a: RunSummary, b: RunSummary) -> dict[str, Any]:
-    """The protocol's comparison of median runs ``a`` (the method under test) and ``b``: quality
-    (``a_better``/``tie``/``b_better`` by more than 1 nat), the threshold, each one's oracle
-    calls to reach it consistently, the ratio b/a and the exclusion reason ('' if kept)."""
-    if not (math.isfinite(a.final_elbo) and math.isfinite(b.final_elbo)):
-        return {"excluded": "a median run failed", "quality": None}
-    diff = a.final_elbo - b.final_elbo
-    quality = "a_better" if diff > 1 else "b_better" if diff < -1 else "tie"
-    thr = min(a.final_elbo, b.final_elbo) - 1.0
-    ta, tb = first_consistent(a, thr), first_consistent(b, thr)
-    ra = math.inf if ta is None else float(a.trace_oracle[ta])
-    rb = math.inf if tb is None else float(b.trace_oracle[tb])
-    ia = None if ta is None else int(a.trace_iter[ta])
-    ib = None if tb is None else int(b.trace_iter[tb])
-    excluded = ("fewer than 5 iterations" if (ia is not None and ia <= 4)
-                or (ib is not None and ib <= 4) else
-                "neither reaches the threshold" if ta is None and tb is None else "")
-    ratio = rb / ra if ra > 0 else math.inf
-    return {"quality": quality, "threshold": thr, "oracle_a": ra, "oracle_b": rb,
-            "ratio": ratio, "excluded": excluded}
 
 
 def protocol_pairs(grouped: dict[str, dict[str, list[dict]]], tested: str, baseline: str

@@ -30,37 +30,17 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from stanvi.bench.protocol import (RunSummary, first_consistent, median_run,  # noqa: F401
+                                    protocol_pair)
 from stanvi.estimators.elbo import mean_of_valid
 
 DEFAULT_CONFIGS = (("trustvi", "default"), ("trustvi", "paper"), ("advi", "paper"),
                    ("advi", "stan"), ("hfsgvi", "paper"))
-
-
-@dataclass
-class RunSummary:
-    config: str
-    seed: int
-    status: str
-    final_elbo: float
-    iterations: int
-    oracle: float
-    draw_evals: int
-    wall: float
-    trace_iter: np.ndarray = field(repr=False)
-    trace_oracle: np.ndarray = field(repr=False)
-    trace_draws: np.ndarray = field(repr=False)
-    trace_wall: np.ndarray = field(repr=False)
-    trace_elbo: np.ndarray = field(repr=False)
-    grad_draws: int = 0
-    hvp_draws: int = 0
-    ld_draws: int = 0
-    model_seconds: float = float("nan")
 
 
 def discover_models(models_dir: Path) -> list[tuple[str, Path, Path | None]]:
@@ -124,22 +104,6 @@ def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> R
                       model_seconds=float(fit.info.get("model_seconds", np.nan)))
 
 
-def median_run(runs: list[RunSummary]) -> RunSummary:
-    """The run whose final ELBO is the median (3rd of 5; ties by seed); failures rank −inf."""
-    order = sorted(runs, key=lambda r: (r.final_elbo, -r.seed))
-    return order[(len(order) - 1) // 2] if len(order) % 2 else order[len(order) // 2 - 1]
-
-
-def first_consistent(run: RunSummary, threshold: float) -> int | None:
-    """Index into the trace points of the first point after which every evaluated ELBO is
-    ≥ threshold (docs/algorithms.md#benchmark-protocol); None if there is none."""
-    above = run.trace_elbo >= threshold
-    if not above[-1]:
-        return None
-    bad = np.flatnonzero(~above)
-    return 0 if len(bad) == 0 else int(bad[-1]) + 1
-
-
 def run_model(name: str, stan: Path, data: Path | None, *, configs=DEFAULT_CONFIGS, seeds: int = 5,
               eval_draws: int = 2000, final_draws: int = 10_000, trace_points: int = 60,
               budget: float | None = None, out=print) -> dict:
@@ -196,22 +160,16 @@ def run_model(name: str, stan: Path, data: Path | None, *, configs=DEFAULT_CONFI
         for other in medians:
             if other.startswith("trustvi") or ref not in medians:
                 continue
-            a, b = medians[ref], medians[other]
-            if not (np.isfinite(a.final_elbo) and np.isfinite(b.final_elbo)):
-                pairs[(ref, other)] = {"excluded": "a median run failed"}
+            p = protocol_pair(medians[ref], medians[other])
+            if p["quality"] is None:
+                pairs[(ref, other)] = {"excluded": p["excluded"]}
                 continue
-            thr = min(a.final_elbo, b.final_elbo) - 1.0
-            ta, tb = first_consistent(a, thr), first_consistent(b, thr)
-            ia = None if ta is None else int(a.trace_iter[ta])
-            ib = None if tb is None else int(b.trace_iter[tb])
-            ra = math.inf if ta is None else float(a.trace_oracle[ta])
-            rb = math.inf if tb is None else float(b.trace_oracle[tb])
-            excluded = (ia is not None and ia <= 4) or (ib is not None and ib <= 4)
-            ratio = rb / ra if ra > 0 else math.inf
-            pairs[(ref, other)] = {"threshold": thr, "oracle_ref": ra, "oracle_other": rb,
-                                   "ratio": ratio, "excluded": "fewer than 5 iterations" if excluded else ""}
-            out(f"  {other} vs {ref}: threshold {thr:.2f}; oracle calls {rb:.1f} vs {ra:.1f}; "
-                f"ratio {ratio:.1f}x" + ("  [excluded: < 5 iterations]" if excluded else ""))
+            pairs[(ref, other)] = {"threshold": p["threshold"], "oracle_ref": p["oracle_a"],
+                                   "oracle_other": p["oracle_b"], "ratio": p["ratio"],
+                                   "excluded": p["excluded"]}
+            out(f"  {other} vs {ref}: threshold {p['threshold']:.2f}; oracle calls "
+                f"{p['oracle_b']:.1f} vs {p['oracle_a']:.1f}; ratio {p['ratio']:.1f}x"
+                + (f"  [excluded: {p['excluded']}]" if p["excluded"] else ""))
 
     best = max(m.final_elbo for m in medians.values())
     to_one_nat = {}

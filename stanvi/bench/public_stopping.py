@@ -29,7 +29,6 @@ output (rewritten after every posterior) holds each posterior's record and every
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import time
@@ -39,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stanvi.batch.posteriordb import database_root, posterior_files  # noqa: F401
+from stanvi.batch.posteriordb import read_zipped_json as read_data
 from stanvi.bench.optima import optimum_record
 from stanvi.bench.stopping_bench import StopRun, run_model
 
@@ -85,37 +86,6 @@ class PosteriorRecord:
     optimum_seconds: float | None = None
     optimum_cached: bool = False
     optimum_path: str | None = None
-
-
-def database_root(path: Path) -> Path:
-    """The ``posterior_database`` directory of a posteriordb checkout (given as the repository
-    root or as that directory)."""
-    path = Path(path).expanduser()
-    for cand in (path, path / "posterior_database"):
-        if (cand / "posteriors").is_dir():
-            return cand
-    raise FileNotFoundError(f"{path} is not a posteriordb checkout (no posteriors/ directory "
-                            "in it or in its posterior_database/)")
-
-
-def posterior_files(root: Path, name: str) -> tuple[dict, Path, Path]:
-    """(posterior record, .stan file, zipped data file) of a posterior."""
-    info_path = root / "posteriors" / f"{name}.json"
-    if not info_path.exists():
-        raise FileNotFoundError(f"no posterior {name!r} in {root} ({info_path} is missing)")
-    info = json.loads(info_path.read_text())
-    stan = root / "models" / "stan" / f"{info['model_name']}.stan"
-    data = root / "data" / "data" / f"{info['data_name']}.json.zip"
-    return info, stan, data
-
-
-def read_data(zipped: Path) -> dict:
-    """The Stan data of a posteriordb ``<name>.json.zip`` (one JSON file inside)."""
-    with zipfile.ZipFile(zipped) as z:
-        names = [n for n in z.namelist() if n.endswith(".json")]
-        if len(names) != 1:
-            raise ValueError(f"{zipped}: expected one .json file inside, found {names}")
-        return json.load(io.TextIOWrapper(z.open(names[0]), encoding="utf-8"))
 
 
 def default_optima_dir() -> Path:

@@ -30,7 +30,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from stanvi.bench.methods_bench import discover_models, first_consistent, summarize_run
+from stanvi.bench.methods_bench import discover_models, summarize_run
+from stanvi.bench.protocol import first_consistent
 
 DEFAULT_CONFIGS = ("trustvi:default",)
 ABLATIONS = ("trustvi:default", "trustvi:default:metric=euclidean",
