@@ -385,10 +385,11 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         except ElboFailure as exc:
             return _result(s, "failed", f"{exc} (ELBO before the SGD loop)", params0)
         info["pre_loop_elbo"] = s.monitor.elbo
-    # state.params is the latest iterate (the last trial's), reported if SGD's first gradient fails
+    # SGD starts from q₀ ([S] resets q after every trial), so a failure of its first gradient
+    # reports q₀, the iterate Stan's SGD held, not the last trial's
     t0 = len(s.trace) - 1
     state, _, status, message = iterate(
-        partial(_sgd_step, s), State(s.trace.params_at(t0), 0, eta), max_iters=opt.max_iterations,
+        partial(_sgd_step, s), State(params0, 0, eta), max_iters=opt.max_iterations,
         trace=s.trace, ledger=s.ledger, context=context, start=t0)
     if status == "budget":
         message = f"oracle budget spent after {state.k} SGD iterations"
