@@ -68,11 +68,12 @@ def _cmd_batch(args: argparse.Namespace) -> int:
     cases = cases_from_source(args.source, glob=args.glob, names=names,
                               max_data_bytes=args.max_data_bytes,
                               with_reference=args.with_reference)
-    if args.sample is not None and args.sample < len(cases):
+    if args.sample is not None:   # a random subset of the runnable models
         import random  # noqa: PLC0415
 
-        cases = sorted(random.Random(args.sample_seed).sample(cases, args.sample),
-                       key=lambda c: c.name)
+        runnable_cases = [c for c in cases if c.skip is None]
+        cases = sorted(random.Random(args.sample_seed).sample(
+            runnable_cases, min(args.sample, len(runnable_cases))), key=lambda c: c.name)
     runnable = sum(c.skip is None for c in cases)
     print(f"stanvi batch: {len(cases)} models in {args.source} ({runnable} runnable), "
           f"{len(methods)} method(s) x {len(families)} family(ies) x {args.seeds} seed(s) -> "
@@ -110,7 +111,7 @@ def add_batch_parser(sub) -> None:
     p.add_argument("--with-reference", action="store_true",
                    help="posteriordb: only posteriors with reference draws")
     p.add_argument("--sample", type=int, default=None,
-                   help="a random subset of this many models (seed --sample-seed)")
+                   help="a random subset of this many runnable models (seed --sample-seed)")
     p.add_argument("--sample-seed", type=int, default=0,
                    help="seed of the random subset of --sample (default 0)")
     p.add_argument("--draws", type=int, default=2000, help="output draws per fit (default 2000)")
