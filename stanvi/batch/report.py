@@ -53,6 +53,20 @@ def _write_csv(path: Path, rows: list[dict], columns: list[str] | tuple[str, ...
             w.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
 
 
+def _save(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> str:
+    """Label a one-panel figure, add its legend (if anything is labelled), write it as PNG and
+    close it; returns the file name."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
     import matplotlib  # noqa: PLC0415
 
@@ -70,15 +84,10 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
     for mark in (12, 36):
         ax.axvline(mark, color="grey", ls=":", lw=1)
     ax.set_xscale("log")
-    ax.set_xlabel("oracle-call ratio (baseline / TrustVI) to the threshold")
-    ax.set_ylabel("fraction of models with ratio ≤ x")
-    ax.set_title("Speed-ups (paper: ≥12× on 50%, ≥36× on 25% vs ADVI)", fontsize=9)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "cdf_speedups.png", dpi=110)
-    plt.close(fig)
-    made.append("cdf_speedups.png")
+    made.append(_save(plt, fig, ax, out / "cdf_speedups.png",
+                      "oracle-call ratio (baseline / TrustVI) to the threshold",
+                      "fraction of models with ratio ≤ x",
+                      "Speed-ups (paper: ≥12× on 50%, ≥36× on 25% vs ADVI)"))
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for cfg in sorted({r["config"] for r in rows}):
@@ -89,15 +98,9 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
             ax.scatter(x, y, s=14, label=cfg, alpha=0.75)
     ax.set_xscale("symlog", linthresh=0.01)
     ax.set_yscale("symlog", linthresh=0.01)
-    ax.set_xlabel("median standardized mean error |mean − ref| / sd_ref")
-    ax.set_ylabel("median W1 / sd_ref")
-    ax.set_title("Accuracy against reference draws (constrained space), per model", fontsize=9)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "accuracy.png", dpi=110)
-    plt.close(fig)
-    made.append("accuracy.png")
+    made.append(_save(plt, fig, ax, out / "accuracy.png",
+                      "median standardized mean error |mean − ref| / sd_ref", "median W1 / sd_ref",
+                      "Accuracy against reference draws (constrained space), per model"))
 
     spread = {}
     for r in rows:
