@@ -131,21 +131,23 @@ class TaskProgress:
     On a terminal the line is redrawn at most once a second; elsewhere (notebooks, CI logs,
     pipes) a plain line is printed every ``every`` seconds and at the end, so a notebook shows
     progress without a widget library.  The ETA is the mean wall time per finished task so far
-    times the tasks left."""
+    times the tasks left, counting only the tasks finished by this run (``already_done`` are
+    those a resumed batch found finished)."""
 
     def __init__(self, total: int, *, title: str = "batch", enabled: bool = True, stream=None,
-                 every: float = 30.0) -> None:
+                 every: float = 30.0, already_done: int = 0) -> None:
         self.line = StatusLine(enabled, stream)
         self.total, self.title, self.every = int(total), title, float(every)
-        self.done = self.failed = self.running = 0
+        self.done, self.failed, self.running = int(already_done), 0, 0
+        self._already = int(already_done)   # finished before this run: not in the ETA's rate
         self._start = self._last = time.perf_counter()
 
     def text(self) -> str:
         elapsed = time.perf_counter() - self._start
         left = self.total - self.done
         eta = ""
-        if self.done and left:
-            seconds = elapsed / self.done * left
+        if self.done > self._already and left:
+            seconds = elapsed / (self.done - self._already) * left
             eta = f", ETA {int(seconds // 60)}m{int(seconds % 60):02d}s"
         return (f"{self.title}: {self.done}/{self.total} done ({self.failed} failed), "
                 f"{self.running} running{eta} [{elapsed:.0f} s]")

@@ -48,3 +48,29 @@ def test_iteration_progress_redraws_on_a_terminal_and_clears_at_the_end():
     silent.update(1, elbo=-1.0)
     silent.close()
     assert log.getvalue() == "" and not silent.enabled
+
+
+def test_task_progress_prints_off_a_terminal_and_times_this_runs_tasks(monkeypatch):
+    """Batch progress shows in logs and notebooks (stderr not a tty): a plain line every
+    ``every`` seconds and at the end; the ETA uses only the tasks this run finished."""
+    import io
+
+    from stanvi import progress as pg
+    from stanvi.progress import TaskProgress
+
+    now = [100.0]
+    monkeypatch.setattr(pg.time, "perf_counter", lambda: now[0])
+    out = io.StringIO()
+    bar = TaskProgress(20, stream=out, every=10.0, already_done=10)
+    assert "ETA" not in bar.text()                       # nothing finished by this run yet
+    now[0] = 130.0
+    bar.update(done=1, failed=1, running=2)              # 30 s for 1 task, 9 left
+    now[0] = 135.0
+    bar.update(running=1)                                # within `every`: no line
+    now[0] = 160.0
+    bar.update(done=1)                                   # 60 s for 2 tasks, 8 left
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("batch: 11/20 done (1 failed), 2 running, ETA 4m30s")
+    assert lines[1].startswith("batch: 12/20 done (1 failed), 1 running, ETA 4m00s")
+    assert lines[-1].startswith("batch: 12/20 done") and len(lines) == 3

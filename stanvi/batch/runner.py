@@ -121,8 +121,7 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
     store = RunStore(runs_dir)
     work = plan(cases, config)
     todo = [(case, spec) for case, spec in work if not store.has("fit", spec.key)]
-    bar = TaskProgress(len(work), enabled=progress)
-    bar.update(done=len(work) - len(todo))
+    bar = TaskProgress(len(work), enabled=progress, already_done=len(work) - len(todo))
     own_client = client is None
     cluster = None
     if own_client:
