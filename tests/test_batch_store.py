@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stanvi.batch.accuracy import labelled_draws, marginal_accuracy
-from stanvi.batch.cli import parse_methods
+from stanvi.batch.cli import parse_methods, parse_options
 from stanvi.batch.discover import ModelCase, load_data
 from stanvi.batch.posteriordb import discover_posteriordb, read_reference_draws
 from stanvi.batch.runner import BatchConfig, check_config, plan
@@ -168,6 +168,8 @@ def test_plan_and_method_list():
     assert parse_methods("trustvi, trustvi:paper,advi:stan", profile=None) == (
         ("trustvi", None), ("trustvi", "paper"), ("advi", "stan"))
     assert parse_methods("hfsgvi", profile="paper") == (("hfsgvi", "paper"),)
+    assert parse_options('{"advi": {"eta": 0.1}}') == {"advi": {"eta": 0.1}}
+    assert parse_options(None) == {}
     with pytest.raises(ValueError, match="names no method"):
         parse_methods(" , ")
     case = ModelCase("m", Path("m.stan"), None, "none")
@@ -195,3 +197,8 @@ def test_cli_errors_name_what_is_wrong(tmp_path, capsys):
     assert "unknown family 'x'" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 1
     assert "not a runs directory" in capsys.readouterr().err
+    assert main(["batch", str(tmp_path), "--out", str(tmp_path / "r"),
+                 "--options", '{"advi": {"no_such": 1}}']) == 1
+    assert "unknown option(s) ['no_such'] for advi" in capsys.readouterr().err
+    assert main(["batch", str(tmp_path), "--out", str(tmp_path / "r"), "--options", "[1]"]) == 1
+    assert "must map method names" in capsys.readouterr().err

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["add_batch_parser", "add_report_parser", "parse_methods", "cases_from_source"]
+__all__ = ["add_batch_parser", "add_report_parser", "parse_methods", "parse_options",
+           "cases_from_source"]
 
 
 def parse_methods(text: str, profile: str | None = None) -> tuple[tuple[str, str | None], ...]:
@@ -32,6 +33,23 @@ def parse_methods(text: str, profile: str | None = None) -> tuple[tuple[str, str
     if not out:
         raise ValueError(f"--methods names no method: {text!r}")
     return tuple(out)
+
+
+def parse_options(text: str | None) -> dict[str, dict]:
+    """``--options`` JSON, ``{"trustvi": {"max_iters": 50}}``: each method's options (the
+    keyword options of ``stanvi.fit``), checked against the method when the batch starts."""
+    if not text:
+        return {}
+    import json  # noqa: PLC0415
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--options is not valid JSON ({exc})") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError('--options must map method names to option objects, e.g. '
+                         '\'{"trustvi": {"max_iters": 50}}\'')
+    return value
 
 
 def is_posteriordb(source: Path) -> bool:
@@ -59,7 +77,8 @@ def _cmd_batch(args: argparse.Namespace) -> int:
 
     methods = parse_methods(args.methods, args.profile)
     families = tuple(f.strip() for f in args.family.split(",") if f.strip())
-    config = BatchConfig(methods=methods, families=families, seeds=args.seeds,
+    options = parse_options(args.options)
+    config = BatchConfig(methods=methods, families=families, seeds=args.seeds, options=options,
                          max_dim=args.max_dim, fullrank_max_dim=args.fullrank_max_dim,
                          timeout=args.timeout, compile_timeout=args.compile_timeout,
                          draws=args.draws)
@@ -114,6 +133,9 @@ def add_batch_parser(sub) -> None:
                    help="a random subset of this many runnable models (seed --sample-seed)")
     p.add_argument("--sample-seed", type=int, default=0,
                    help="seed of the random subset of --sample (default 0)")
+    p.add_argument("--options", default=None,
+                   help='method options as JSON, e.g. \'{"advi": {"eta": 0.1}}\' (part of each '
+                        'task\'s identity)')
     p.add_argument("--draws", type=int, default=2000, help="output draws per fit (default 2000)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=_cmd_batch)
