@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from stanvi.batch.runner import OK_STATUSES as OK  # a method's normal outcomes
 from stanvi.bench.protocol import RunSummary, first_consistent, median_run, protocol_pair
 
 __all__ = ["config_of", "group_runs", "model_rows", "protocol_pairs", "pair_summary"]
-
-OK = ("converged", "max_iters", "budget")
 
 
 def config_of(record: dict) -> str:
