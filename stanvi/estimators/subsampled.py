@@ -1,0 +1,162 @@
+"""Doubly-stochastic gradient estimators of −ELBO for subsampled targets: the shared pieces, the
+``naive`` estimator, and the registry that picks an estimator by name
+(specs/joint_control_variate.md §1–§3; Wang, Geffner & Domke 2024).
+
+Notation (spec §1.1): the family q_w has parameters w (for the mean-field Gaussian w = (μ, ω),
+σ = exp(ω); for the full-rank Gaussian w = (μ, L)), the reparameterization is
+``z = T_w(ε) = μ + (T_w(ε) − μ)`` with ε ~ N(0, I), and the per-sample objective is
+``f(w; n, ε) = k_n(T_w(ε)) − H(w)`` whose expectation over a uniform term n and ε is −ELBO(w).
+Every estimator returns an unbiased estimate of ∇_w(−ELBO) (a minimizer's gradient) on a
+minibatch ``idx`` of distinct term indices and base draws ``eps``: one row (d,) shared by the
+batch (spec §1.3, the official code's default) or one row per term (b, d) (``per_datum_eps``).
+
+The control variates act on the μ-block only; every other block (ω, or L) is always the naive
+estimator (spec §2.1: its closed-form expectation would need the Hessian diagonal).
+
+Estimators keep host-side state (NumPy tables) and call the target through
+:class:`~stanvi.targets.subsampled.SubsampledTarget`, which counts every term gradient and HVP.
+The order inside :meth:`SubsampledEstimator.gradient` is the spec's (§2.3): the estimate uses the
+*old* table, then the table is updated with the *pre-step* parameters; the caller then steps.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stanvi.families.gaussian import FullRank, MeanField
+
+
+# ------------------------------------------------------------------------- family pieces
+def noise(family, params: np.ndarray, eps: np.ndarray) -> np.ndarray:
+    """T_w(ε) − μ for each row of ``eps`` (b, d): σ ⊙ ε (mean-field) or L ε (full-rank)."""
+    params = np.asarray(params, dtype=float)
+    eps = np.atleast_2d(eps)
+    if isinstance(family, MeanField):
+        return np.exp(params[family.dim:]) * eps
+    return eps @ family.lower_factor(params).T
+
+
+@partial(jax.jit, static_argnums=0)
+def _rows_pullback_jax(family, params_rows, eps_rows, gz):
+    def one(p, e, g):
+        _, vjp = jax.vjp(lambda pp: family.sample(pp, e[None, :])[0], p)
+        return vjp(g)[0] - jax.grad(family.entropy)(p)
+
+    return jax.vmap(one)(params_rows, eps_rows, gz)
+
+
+def row_gradients(family, params_rows: np.ndarray, eps_rows: np.ndarray,
+                  gz: np.ndarray) -> np.ndarray:
+    """∇_w f(w_i; n_i, ε_i) per row (b, P), given gz_i = ∇k_{n_i}(T_{w_i}(ε_i)) (spec Eq. 4:
+    ``∇_μ f = ∇k_n(z)``, ``∇_ω f = ∇k_n(z) ⊙ σ ⊙ ε − 1``; for the full-rank family the
+    vector-Jacobian product of z = μ + Lε minus the entropy's gradient, by JAX)."""
+    params_rows = np.atleast_2d(params_rows)
+    if isinstance(family, MeanField):
+        d = family.dim
+        sigma = np.exp(params_rows[:, d:])
+        return np.concatenate([gz, gz * sigma * eps_rows - 1.0], axis=1)
+    if isinstance(family, FullRank):
+        return np.asarray(_rows_pullback_jax(family, jnp.asarray(params_rows),
+                                             jnp.asarray(eps_rows), jnp.asarray(gz)))
+    raise TypeError(f"doubly-stochastic estimators support Gaussian families, not {family!r}")
+
+
+def batch_gradient(family, params: np.ndarray, eps_rows: np.ndarray, gz: np.ndarray) -> np.ndarray:
+    """The minibatch mean of :func:`row_gradients` at one w (the naive estimate, spec §1.3)."""
+    if isinstance(family, MeanField):
+        d = family.dim
+        sigma = np.exp(np.asarray(params)[d:])
+        return np.concatenate([gz.mean(axis=0), (gz * eps_rows).mean(axis=0) * sigma - 1.0])
+    rows = np.broadcast_to(np.asarray(params), (gz.shape[0], len(params)))
+    return row_gradients(family, rows, eps_rows, gz).mean(axis=0)
+
+
+def _eps_rows(eps: np.ndarray, b: int) -> tuple[np.ndarray, bool]:
+    """(ε per row (b, d), shared?) from a shared draw (d,) or per-term draws (b, d)."""
+    eps = np.asarray(eps, dtype=float)
+    if eps.ndim == 1:
+        return np.broadcast_to(eps, (b, eps.shape[0])), True
+    if eps.shape[0] != b:
+        raise ValueError(f"per-term draws must have one row per term: {eps.shape} for b={b}")
+    return eps, False
+
+
+# ------------------------------------------------------------------------- estimators
+class SubsampledEstimator:
+    """Base class and the ``naive`` estimator (spec §3.1, paper Eq. 4): the minibatch mean of
+    ∇f(w; n, ε) = ∇k_n(T_w(ε)) pulled back through the reparameterization, minus ∇H(w).
+    Cost: one term gradient per term (at the shared point when ε is shared).
+
+    Subclasses with a table (``uses_table``) are filled during the naive warm-up by
+    :meth:`warmup_gradient` and :meth:`finish_warmup`, or at once by :meth:`start`."""
+
+    name = "naive"
+    uses_table = False
+
+    def __init__(self, target, family, **_: Any) -> None:
+        self.target = target
+        self.family = family
+        self.d = family.dim
+        self.n = target.n_terms
+
+    # table life cycle (no-ops here)
+    def start(self, params: np.ndarray) -> None:
+        """Before the first main iteration, when there was no warm-up."""
+
+    def warmup_gradient(self, params: np.ndarray, idx: np.ndarray, eps: np.ndarray) -> np.ndarray:
+        """A naive estimate during the warm-up epochs (spec §2.3), recording table entries."""
+        return SubsampledEstimator.gradient(self, params, idx, eps)
+
+    def finish_warmup(self) -> None:
+        """After the warm-up epochs."""
+
+    def end_epoch(self) -> None:
+        """After each epoch of the main loop (floating-point resynchronization, spec §2.3)."""
+
+    def base_gradients(self, params: np.ndarray, idx: np.ndarray, eps: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(gz (b, d), ε rows (b, d), shared?) with gz_n = ∇k_n(T_w(ε_n))."""
+        params = np.asarray(params, dtype=float)
+        eps_rows, shared = _eps_rows(eps, len(idx))
+        if shared:
+            z = params[: self.d] + noise(self.family, params, eps_rows[:1])[0]
+        else:
+            z = params[: self.d] + noise(self.family, params, eps_rows)
+        return self.target.term_gradients(idx, z), eps_rows, shared
+
+    def gradient(self, params: np.ndarray, idx: np.ndarray, eps: np.ndarray) -> np.ndarray:
+        """The estimate of ∇_w(−ELBO) (P,) on terms ``idx`` and draws ``eps``."""
+        gz, eps_rows, _ = self.base_gradients(params, idx, eps)
+        return batch_gradient(self.family, params, eps_rows, gz)
+
+
+Naive = SubsampledEstimator
+
+
+def make_estimator(name: str, target, family, **options: Any) -> SubsampledEstimator:
+    """The estimator ``name`` ('naive', 'cv', 'joint', 'inc') for (target, family); ``options``
+    are passed to its constructor (e.g. ``variant``, ``hvp_scale``, ``svrg_period``)."""
+    from stanvi.estimators.incremental import Incremental  # noqa: PLC0415
+    from stanvi.estimators.joint_cv import JointSAGA, JointSVRG  # noqa: PLC0415
+    from stanvi.estimators.taylor_cv import TaylorCV  # noqa: PLC0415
+
+    if name == "joint":
+        variant = options.pop("variant", "saga")
+        classes = {"saga": JointSAGA, "svrg": JointSVRG}
+        if variant not in classes:
+            raise ValueError(f"variant must be 'saga' or 'svrg', got {variant!r}")
+        return classes[variant](target, family, **options)
+    options.pop("variant", None)
+    registry = {"naive": Naive, "cv": TaylorCV, "inc": Incremental}
+    if name not in registry:
+        raise ValueError(f"unknown estimator {name!r}; choose one of {sorted([*registry, 'joint'])}")
+    return registry[name](target, family, **options)
+
+
+SUBSAMPLED_ESTIMATORS = ("naive", "cv", "joint", "inc")
+"""The names :func:`make_estimator` accepts (``joint`` with ``variant='saga'|'svrg'``)."""
