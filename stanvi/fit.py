@@ -26,7 +26,6 @@ from stanvi.methods import get_method, make_options
 from stanvi.methods.base import MethodResult, RunContext, Trace, purpose_key
 from stanvi.progress import IterationProgress
 from stanvi.stan.compiler import CompiledModel
-from stanvi.stan.names import element_labels
 from stanvi.targets.base import Target
 from stanvi.targets.jax_target import JaxTarget
 
@@ -129,21 +128,10 @@ class Fit:
 
     def summary(self, percentiles: tuple[float, ...] = (5, 50, 95)):
         """A table (pandas DataFrame) of mean, sd and percentiles per scalar, one row per element
-        named like cmdstanpy (``beta[1]``, ``Sigma[2,1]``)."""
-        import pandas as pd  # noqa: PLC0415
+        named like cmdstanpy (``beta[1]``, ``Sigma[2,1]``); see :func:`stanvi.summary.summary_table`."""
+        from stanvi.summary import summary_table  # noqa: PLC0415
 
-        rows, index = [], []
-        for name, arr in self.draws.items():
-            flat = arr.reshape(arr.shape[0], -1, order="F")
-            for j, label in enumerate(element_labels(name, arr.shape[1:])):
-                col = flat[:, j]
-                finite = col[np.isfinite(col)]
-                stats = [finite.mean(), finite.std(ddof=1) if len(finite) > 1 else np.nan]
-                stats += list(np.percentile(finite, percentiles)) if len(finite) else [np.nan] * len(percentiles)
-                rows.append(stats)
-                index.append(label)
-        columns = ["mean", "sd"] + [f"{p:g}%" for p in percentiles]
-        return pd.DataFrame(rows, index=index, columns=columns)
+        return summary_table(self.draws, percentiles)
 
     # ---------------------------------------------------------------- output (issue P1-3)
     def diagnostics(self, resample: bool = False, **kwargs):

@@ -55,9 +55,11 @@ def test_nuts_sampler_diagnostics(fit):
     diag = fit.sampler_diagnostics
     assert diag["divergences"] == [0, 0, 0, 0]
     assert all(k > 0 for k in diag["n_leapfrog"])
-    assert diag["total_n_leapfrog"] == int(fit.sampler_draws["n_leapfrog__"].sum()) > 0
-    assert fit.column_names[:7] == list(SAMPLER_COLUMNS)
-    assert fit.column_names[7:] == [f"z.{i}" for i in range(1, 11)]
+    assert diag["total_n_leapfrog"] == int(fit.stan_columns["n_leapfrog__"].sum()) > 0
+    assert list(fit.stan_columns) == list(SAMPLER_COLUMNS)
+    assert list(fit.draws) == ["z"]
+    # the counting wrapper sees every gradient: sampling's leapfrog steps plus warmup's
+    assert fit.gradient_evaluations > diag["total_n_leapfrog"]
     assert 0.6 < np.mean(diag["mean_accept_stat"]) < 1.0  # delta = 0.8 is the adaptation target
     assert fit.wall_time > 0
     assert any("Adaptation terminated" in msg for msg in fit.messages)

@@ -1,0 +1,147 @@
+"""The result of one of Stan's own algorithms, with the surface of :class:`stanvi.Fit` where it
+applies: draws by Stan name, ``summary()``, ``to_arviz()``, ``diagnostics()``.
+
+Costs are in the units stanvi reports for its own fits: ``gradient_evaluations`` counts every
+log density evaluated with its gradient (reverse mode), ``density_evaluations`` every log density
+evaluated alone, both counted in C++ around every call the algorithm made (warmup included for
+NUTS; ``n_leapfrog`` in ``sampler_diagnostics`` is Stan's own count of sampling-phase leapfrog
+steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stanvi.stan.names import group_names
+
+
+@dataclass
+class ReferenceFit:
+    """Draws and costs of one run of a Stan algorithm (all chains / paths together).
+
+    Attributes:
+        algorithm: ``"nuts"``, ``"nuts-dense"``, ``"stan-advi"`` (family in ``settings``),
+            ``"pathfinder"`` or ``"pathfinder-multi"``.
+        model_name: the Stan model's name.
+        draws: by Stan variable name (parameters, transformed parameters, generated quantities),
+            arrays of shape ``(chains * draws_per_chain, *shape)``, chain after chain.
+        stan_columns: Stan's other output columns (``lp__``, ``accept_stat__`` … for NUTS,
+            ``log_p__`` / ``log_g__`` for ADVI, ``lp__`` / ``lp_approx__`` / ``path__`` for
+            Pathfinder), same leading length.
+        chains: number of chains (1 for the variational algorithms).
+        gradient_evaluations, density_evaluations: model evaluations (see the module docstring).
+        wall_time: seconds of the algorithm itself (building the services library excluded).
+        settings: every setting the algorithm ran with (Stan's defaults unless given).
+        messages: Stan's logger and writer messages, per chain for NUTS.
+        sampler_diagnostics: NUTS only: divergences, n_leapfrog, max_treedepth_hits, stepsize,
+            mean_accept_stat (per chain) and total_n_leapfrog.
+        elbo_trace: ADVI only: rows of (iteration, seconds, ELBO) as Stan evaluated them.
+        mean: ADVI only: the approximation's mean in constrained space, by name.
+        log_p, log_q: the variational algorithms only: log density of the model (Jacobian
+            included) and of the approximation at each draw, for Pareto k̂.
+    """
+
+    algorithm: str
+    model_name: str
+    draws: dict[str, np.ndarray]
+    stan_columns: dict[str, np.ndarray]
+    chains: int
+    gradient_evaluations: int
+    density_evaluations: int
+    wall_time: float
+    settings: dict
+    messages: list[str] = field(default_factory=list)
+    sampler_diagnostics: dict | None = None
+    elbo_trace: np.ndarray | None = None
+    mean: dict[str, np.ndarray] | None = None
+    log_p: np.ndarray | None = None
+    log_q: np.ndarray | None = None
+
+    @property
+    def num_draws(self) -> int:
+        return next(iter(self.stan_columns.values())).shape[0] if self.stan_columns else 0
+
+    def stan_variable(self, name: str) -> np.ndarray:
+        """The draws of one Stan variable (or one of Stan's own columns)."""
+        if name in self.draws:
+            return self.draws[name]
+        if name in self.stan_columns:
+            return self.stan_columns[name]
+        known = ", ".join([*self.draws, *self.stan_columns])
+        raise KeyError(f"no variable '{name}' in the {self.algorithm} draws (have: {known})")
+
+    def stan_variables(self) -> dict[str, np.ndarray]:
+        return dict(self.draws)
+
+    def _by_chain(self, arr: np.ndarray) -> np.ndarray:
+        return arr.reshape(self.chains, arr.shape[0] // self.chains, *arr.shape[1:])
+
+    def summary(self, percentiles: tuple[float, ...] = (5, 50, 95)):
+        """Mean, sd and percentiles per element (as ``Fit.summary``); for NUTS also R-hat
+        (rank-normalized split R-hat) and bulk / tail ESS from arviz-stats, per element."""
+        from stanvi.summary import summary_table  # noqa: PLC0415
+
+        table = summary_table(self.draws, percentiles)
+        if self.algorithm.startswith("nuts") and self.chains > 1:
+            import arviz_stats  # noqa: PLC0415
+
+            flat = [self._by_chain(a).reshape(self.chains, -1, int(np.prod(a.shape[1:])),
+                                              order="F") for a in self.draws.values()]
+            x = np.concatenate(flat, axis=2)
+            table["r_hat"] = arviz_stats.rhat(x, chain_axis=0, draw_axis=1)
+            table["ess_bulk"] = arviz_stats.ess(x, chain_axis=0, draw_axis=1, method="bulk")
+            table["ess_tail"] = arviz_stats.ess(x, chain_axis=0, draw_axis=1, method="tail",
+                                                prob=(0.05, 0.95))
+        return table
+
+    def diagnostics(self):
+        """NUTS: a dict with divergences, max_treedepth_hits, the largest R-hat and smallest
+        bulk/tail ESS over elements (arviz-stats).  ADVI / Pathfinder: stanvi's
+        :class:`~stanvi.diagnostics.Diagnostics` (Pareto k̂ of log p − log q at the draws)."""
+        if self.algorithm.startswith("nuts"):
+            out = dict(self.sampler_diagnostics or {})
+            if self.chains > 1 and self.draws:
+                table = self.summary()
+                out.update(max_r_hat=float(table["r_hat"].max()),
+                           min_ess_bulk=float(table["ess_bulk"].min()),
+                           min_ess_tail=float(table["ess_tail"].min()))
+            return out
+        from stanvi.diagnostics import compute  # noqa: PLC0415
+
+        return compute(self.log_p, self.log_q, method=self.algorithm)
+
+    def to_arviz(self):
+        """An ArviZ DataTree: ``posterior`` (chains × draws) with Stan's columns in
+        ``sample_stats`` (``lp__`` → ``lp``, NUTS's ``divergent__`` → ``diverging`` …)."""
+        from arviz_base import from_dict  # noqa: PLC0415
+
+        rename = {"lp__": "lp", "accept_stat__": "acceptance_rate", "stepsize__": "step_size",
+                  "treedepth__": "tree_depth", "n_leapfrog__": "n_steps",
+                  "divergent__": "diverging", "energy__": "energy", "lp_approx__": "lp_approx",
+                  "log_p__": "log_p", "log_g__": "log_g", "path__": "path"}
+        stats = {rename.get(k, k): self._by_chain(v) for k, v in self.stan_columns.items()}
+        if "diverging" in stats:
+            stats["diverging"] = stats["diverging"].astype(bool)
+        return from_dict({"posterior": {k: self._by_chain(v) for k, v in self.draws.items()},
+                          "sample_stats": stats},
+                         attrs={"posterior": {"inference_library": "stan (in-process, stanvi)",
+                                              "algorithm": self.algorithm,
+                                              "gradient_evaluations":
+                                                  self.gradient_evaluations}})
+
+    def __repr__(self) -> str:
+        names = ", ".join(self.draws)
+        return (f"ReferenceFit({self.algorithm}, model={self.model_name!r}, chains={self.chains}, "
+                f"draws={self.num_draws}, gradient_evaluations={self.gradient_evaluations}, "
+                f"wall_time={self.wall_time:.2f}s, variables=[{names}])")
+
+
+def split_columns(names: list[str], values: np.ndarray,
+                  n_stan: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(model draws by Stan name, Stan's leading ``n_stan`` columns by name)."""
+    stan_columns = {c: values[:, k] for k, c in enumerate(names[:n_stan])}
+    model = values[:, n_stan:]
+    draws = {v.name: v.extract(model) for v in group_names(names[n_stan:])}
+    return draws, stan_columns
