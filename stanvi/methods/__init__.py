@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from stanvi.methods import advi, hfsgvi, trustvi
+from stanvi.methods import advi, hfsgvi, jointcv, trustvi
 
-METHODS: dict[str, ModuleType] = {"trustvi": trustvi, "advi": advi, "hfsgvi": hfsgvi}
+METHODS: dict[str, ModuleType] = {"trustvi": trustvi, "advi": advi, "hfsgvi": hfsgvi,
+                                  "jointcv": jointcv}
 """``stanvi.fit(method=name)`` → the module that implements it."""
 
 
