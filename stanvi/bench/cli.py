@@ -15,13 +15,15 @@ def add_bench_parser(sub) -> None:
     """Add ``bench`` to the ``stanvi`` command's subparsers ``sub``."""
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
-                                    "coldstart", "fullrank"],
+                                    "coldstart", "fullrank", "jointcv"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
                         "public-stopping: the same on posteriordb posteriors; "
                         "coldstart: import + first fit in fresh processes; "
-                        "fullrank: peak memory, time and accuracy of full-rank fits as D grows")
+                        "fullrank: peak memory, time and accuracy of full-rank fits as D grows; "
+                        "jointcv: joint control variate vs naive/cv/inc on simulated logistic "
+                        "regressions (variance decomposition, ELBO curves, Stan vs JAX)")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
@@ -67,6 +69,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--budget", type=float, default=None,
                    help="methods: oracle budget per run in the paper's scaled units "
                         "(max_oracle_calls; default none)")
+    p.add_argument("--iters", type=int, default=5000,
+                   help="jointcv: iterations per run (default 5000; at most 2000 for 'large'); "
+                        "--models picks problems among sonar,australian,large "
+                        "(default sonar,australian)")
     p.set_defaults(func=run_bench)
 
 
@@ -139,5 +145,15 @@ def run_bench(args: argparse.Namespace) -> int:
                    else fullrank_bench.DEFAULT_METHODS)
         fullrank_bench.run(dims, methods, max_memory_gb=args.max_memory,
                            timeout=args.timeout, output=Path(args.output) if args.output else None)
+        return 0
+    if args.what == "jointcv":
+        from stanvi.bench import jointcv_bench  # noqa: PLC0415
+
+        problems = args.models.split(",") if args.models else ["sonar", "australian"]
+        unknown = sorted(set(problems) - set(jointcv_bench.PROBLEMS))
+        if unknown:
+            raise SystemExit(f"stanvi bench jointcv: unknown problems {unknown}; choose from "
+                             f"{sorted(jointcv_bench.PROBLEMS)}")
+        jointcv_bench.run(problems, iters=args.iters, output=args.output)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")
