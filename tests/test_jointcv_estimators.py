@@ -113,7 +113,7 @@ def test_unbiased_against_exact_gradient(problem, name, fam, opts):
             est.grad_table = None
     if isinstance(est, Incremental):
         est.w_table[:] = np.stack([stale_params(family, rng) for _ in range(N)])
-    draws = estimates(est, params, rng, 6000)
+    draws = estimates(est, params, rng, 4000)
     stat, limit = chi2_stat(draws, exact)
     assert stat < limit, (name, stat, limit)
 
@@ -128,7 +128,7 @@ def test_unbiased_per_datum_eps(problem):
     for est in (Naive(target, family), JointSAGA(target, family)):
         if isinstance(est, JointSAGA):
             stale_table(est, params, rng)
-        stat, limit = chi2_stat(estimates(est, params, rng, 6000, per_datum=True), exact)
+        stat, limit = chi2_stat(estimates(est, params, rng, 4000, per_datum=True), exact)
         assert stat < limit, (est.name, stat, limit)
 
 
