@@ -238,3 +238,29 @@ def test_scheduler_and_worker_processes_and_a_worker_killed_mid_task(example_tre
             except ProcessLookupError:
                 pass
         log.close()
+
+
+def test_stans_own_algorithms_as_batch_methods(pdb_tree, tmp_path):
+    """stan-advi, pathfinder (single path) and NUTS in a batch: records in stanvi's units, with
+    accuracy against the reference; Stan ADVI's ELBO from its recovered Gaussian."""
+    runs = tmp_path / "runs"
+    cases = discover_posteriordb(pdb_tree)
+    config = BatchConfig(methods=(("stan-advi", None), ("pathfinder", "single"), ("nuts", None)),
+                         seeds=1, options={"nuts": {"chains": 2, "num_samples": 500}})
+    counts = run_batch(cases, runs, config, workers=1, progress=False)
+    records = {r["method"]: r for r in RunStore(runs).query("fit")}
+    assert set(records) == {"stan-advi", "pathfinder", "nuts"}, counts
+    nuts_rec = records["nuts"]
+    assert nuts_rec["status"] == "sampled" and nuts_rec["family"] == "none"
+    assert nuts_rec["info"]["max_r_hat"] < 1.05 and nuts_rec["draw_evaluations"] > 0
+    for rec in records.values():
+        acc = rec["accuracy"]["constrained"]["marginals"]["mu"]
+        assert acc["mean_error_sd"] < 0.3 and abs(acc["sd_ratio"] - 1) < 0.3, rec["method"]
+        assert rec["oracle"]["gradient"] > 0 and rec["run_time"] > 0
+    advi = records["stan-advi"]
+    assert advi["status"] in ("converged", "max_iters") and advi["trace"]
+    # exact posterior N(mean y, 1/N) with a flat prior: the best Gaussian's ELBO is log Z
+    log_z = (-0.5 * len(Y) * np.log(2 * np.pi) - 0.5 * np.sum((np.array(Y) - POST_MEAN) ** 2)
+             + 0.5 * np.log(2 * np.pi * POST_SD**2))
+    assert log_z - 0.2 < advi["final_elbo"] <= log_z + 4 * advi["elbo_se"] + 1e-9
+    assert records["pathfinder"]["khat"] is not None

@@ -18,7 +18,8 @@ Jobs:
   its standard error, the paper protocol's figures (the final ELBO on draws common to every run
   of the model, evaluation ELBOs along the trace), the trace (thinned to at most 400 rows), the oracle ledger, draw-level model
   evaluations, run time and JAX compile time apart, the k-hat diagnostic and, with reference
-  draws, the accuracy figures of :mod:`stanvi.batch.accuracy`.
+  draws, the accuracy figures of :mod:`stanvi.batch.accuracy`.  Stan's own algorithms
+  (``stan-advi``, ``pathfinder``, ``nuts``) go to :mod:`stanvi.batch.reference_job`.
 """
 
 from __future__ import annotations
@@ -143,10 +144,16 @@ def _protocol_summary(result, job: dict) -> dict[str, Any]:
 def fit_job(job: dict) -> dict[str, Any]:
     from stanvi.batch.accuracy import labelled_draws, marginal_accuracy  # noqa: PLC0415
     from stanvi.batch.discover import load_data  # noqa: PLC0415
+    from stanvi.batch.reference_job import REFERENCE_METHODS, reference_fit_job  # noqa: PLC0415
     from stanvi.fit import fit  # noqa: PLC0415
 
     data = load_data(_case(job))
     options = dict(job.get("options") or {})
+    if job["method"] in REFERENCE_METHODS:
+        try:
+            return reference_fit_job(job, data, COMMON_DRAWS_SEED, ELBO_DRAWS)
+        except Exception as exc:  # noqa: BLE001 — Stan's own message names what is wrong
+            return {"status": "error", "message": _first_lines(exc)}
     try:
         result = fit(job["library"], data=data, method=job["method"], family=job["family"],
                      seed=int(job["seed"]), profile=job.get("profile"), progress=False,

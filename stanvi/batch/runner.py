@@ -35,7 +35,7 @@ from stanvi.progress import TaskProgress
 __all__ = ["BatchConfig", "check_config", "plan", "run_batch", "OK_STATUSES"]
 
 # Fit statuses that are a method's normal outcome; every other status counts as failed.
-OK_STATUSES = ("converged", "max_iters", "budget")
+OK_STATUSES = ("converged", "max_iters", "budget", "sampled")
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,16 @@ class BatchConfig:
 def check_config(config: BatchConfig) -> None:
     """Raise ValueError/TypeError naming a method, profile, option or family the batch cannot
     run, before any task starts."""
+    from stanvi.batch.reference_job import (REFERENCE_METHODS,  # noqa: PLC0415
+                                            check_reference_method)
     from stanvi.methods import get_method, make_options  # noqa: PLC0415
 
     for method, profile in config.methods:
-        make_options(get_method(method), profile, dict(config.options.get(method, {})))
+        options = dict(config.options.get(method, {}))
+        if method in REFERENCE_METHODS:
+            check_reference_method(method, profile, options)
+        else:
+            make_options(get_method(method), profile, options)
     bad = [f for f in config.families if f not in ("meanfield", "fullrank")]
     if bad:
         raise ValueError(f"unknown family {bad[0]!r}; choose meanfield or fullrank")
@@ -69,10 +75,14 @@ def check_config(config: BatchConfig) -> None:
 
 def plan(cases: Iterable[ModelCase], config: BatchConfig) -> list[tuple[ModelCase, FitSpec]]:
     """Every (case, fit) of the batch, model by model; ``options`` by method name."""
+    from stanvi.batch.reference_job import NO_FAMILY  # noqa: PLC0415
+
     out = []
     for case in cases:
         for method, profile in config.methods:
-            for family in config.families:
+            # Stan's Pathfinder and NUTS have no family choice: one task per seed.
+            families = (NO_FAMILY,) if method in ("pathfinder", "nuts") else config.families
+            for family in families:
                 for seed in range(config.seeds):
                     out.append((case, FitSpec(case.name, method, family, profile, seed,
                                               dict(config.options.get(method, {})))))

@@ -15,7 +15,7 @@ def add_bench_parser(sub) -> None:
     """Add ``bench`` to the ``stanvi`` command's subparsers ``sub``."""
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
-                                    "coldstart", "fullrank", "jointcv"],
+                                    "coldstart", "fullrank", "jointcv", "peers"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -23,7 +23,9 @@ def add_bench_parser(sub) -> None:
                         "coldstart: import + first fit in fresh processes; "
                         "fullrank: peak memory, time and accuracy of full-rank fits as D grows; "
                         "jointcv: joint control variate vs naive/cv/inc on simulated logistic "
-                        "regressions (variance decomposition, ELBO curves, Stan vs JAX)")
+                        "regressions (variance decomposition, ELBO curves, Stan vs JAX); "
+                        "peers: TrustVI vs Stan's own ADVI and Pathfinder (single, multi-path) "
+                        "on stan_models, accuracy against Stan's NUTS")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
@@ -155,5 +157,11 @@ def run_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"stanvi bench jointcv: unknown problems {unknown}; choose from "
                              f"{sorted(jointcv_bench.PROBLEMS)}")
         jointcv_bench.run(problems, iters=args.iters, output=args.output)
+        return 0
+    if args.what == "peers":
+        from stanvi.bench import peers  # noqa: PLC0415
+
+        peers.run(Path(args.models_dir), models=args.models.split(",") if args.models else None,
+                  seeds=args.seeds, output=Path(args.output) if args.output else None)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")

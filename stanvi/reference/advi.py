@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from stanvi.reference.cmdstan_backend import advi_cmdstan, check_backend
 from stanvi.reference.result import ReferenceFit, split_columns
 from stanvi.reference.services_lib import check_settings, init_to_json, prepare, raise_run_error
 from stanvi.stan.compiler import CompiledModel
@@ -28,7 +29,7 @@ _ADVI_COLUMNS = ("lp__", "log_p__", "log_g__")
 
 def stan_advi(model: str | os.PathLike | CompiledModel, data: DataLike = None, *,
               algorithm: str = "meanfield", seed: int = 0, init=None, progress: bool = False,
-              **kw) -> ReferenceFit:
+              backend: str = "inprocess", **kw) -> ReferenceFit:
     """Run Stan's C++ ADVI on a Stan model, in-process, with CmdStan's defaults.
 
     Args:
@@ -36,6 +37,8 @@ def stan_advi(model: str | os.PathLike | CompiledModel, data: DataLike = None, *
         algorithm: ``"meanfield"`` (Stan's default) or ``"fullrank"``.
         seed: Stan's random seed (chain id 1, as CmdStan).
         init: initial values (constrained, by name); default uniform(-2, 2) unconstrained.
+        backend: ``"inprocess"`` (default) or ``"cmdstan"`` (cmdstanpy and the user's CmdStan;
+            evaluations are then not counted).
         **kw: CmdStan's settings, defaults in :data:`ADVI_DEFAULTS` (``iter``, ``grad_samples``,
             ``elbo_samples``, ``eta``, ``adapt_engaged``, ``adapt_iter``, ``tol_rel_obj``,
             ``eval_elbo``, ``output_samples``, ``init_radius``).
@@ -54,6 +57,10 @@ def stan_advi(model: str | os.PathLike | CompiledModel, data: DataLike = None, *
     opts = check_settings(kw, ADVI_DEFAULTS, "ADVI")
     if algorithm not in ("meanfield", "fullrank"):
         raise ValueError(f"algorithm must be 'meanfield' or 'fullrank', not {algorithm!r}")
+    check_backend(backend)
+    if backend == "cmdstan":
+        return advi_cmdstan(model, data, algorithm=algorithm, seed=seed, init=init,
+                            settings=opts)
     compiled, data_json, lib = prepare(model, data, progress)
     start = time.perf_counter()
     try:
@@ -80,3 +87,76 @@ def advi_final_elbo(fit: ReferenceFit) -> float:
     """The last ELBO Stan's ADVI evaluated (its convergence check's value), NaN if none."""
     trace = fit.elbo_trace
     return float(trace[-1, 2]) if trace is not None and trace.size else float(np.nan)
+
+
+def stan_advi_gaussian(fit: ReferenceFit, unconstrained: np.ndarray,
+                       mean_unconstrained: np.ndarray) -> np.ndarray:
+    """The Cholesky factor L of the Gaussian q = N(μ, L Lᵀ) that Stan's ADVI fitted, recovered
+    exactly from its output (Stan does not write ω or L).
+
+    Each output draw is ζᵢ = μ + L ηᵢ with ``log_g__`` = −|ηᵢ|²/2 (Stan's ``calc_log_g``), so
+    −2 log gᵢ = (ζᵢ − μ)ᵀ P (ζᵢ − μ) with P = (L Lᵀ)⁻¹: linear in P's entries.  Least squares
+    over the draws gives P (diagonal for mean-field: D unknowns; symmetric for full-rank:
+    D(D+1)/2 unknowns, so it needs at least that many draws), hence L.
+
+    Args:
+        fit: a :func:`stan_advi` result.
+        unconstrained: its draws mapped to unconstrained space, (S, D), in draw order.
+        mean_unconstrained: μ, the unconstrained image of ``fit.mean``.
+
+    Raises:
+        ValueError when there are too few draws or the recovered precision is not positive
+        definite (the output is then not what this formula assumes).
+    """
+    dev = np.asarray(unconstrained, dtype=float) - np.asarray(mean_unconstrained, dtype=float)
+    target = -2.0 * np.asarray(fit.log_q, dtype=float)
+    n, d = dev.shape
+    if fit.settings.get("algorithm") == "fullrank":
+        rows, cols = np.triu_indices(d)
+        design = dev[:, rows] * dev[:, cols] * np.where(rows == cols, 1.0, 2.0)
+        if n < design.shape[1]:
+            raise ValueError(f"{n} draws cannot identify a {d}-dimensional full-rank Gaussian "
+                             f"(need {design.shape[1]})")
+        coef = np.linalg.lstsq(design, target, rcond=None)[0]
+        precision = np.zeros((d, d))
+        precision[rows, cols] = coef
+        precision[cols, rows] = coef
+    else:
+        if n < d:
+            raise ValueError(f"{n} draws cannot identify a {d}-dimensional Gaussian")
+        precision = np.diag(np.linalg.lstsq(dev**2, target, rcond=None)[0])
+    try:
+        return np.linalg.cholesky(np.linalg.inv(precision))
+    except np.linalg.LinAlgError:
+        raise ValueError("the precision recovered from Stan's ADVI output is not positive "
+                         "definite") from None
+
+
+def gaussian_elbo(target, mu: np.ndarray, chol: np.ndarray, eps: np.ndarray
+                  ) -> tuple[float, float]:
+    """(ELBO, its Monte Carlo standard error) of q = N(μ, L Lᵀ) at base draws ε (S, D): the mean
+    of log p(μ + L ε) (``target.log_density``, Jacobian included) plus q's entropy
+    D/2 (1 + log 2π) + Σ log Lᵢᵢ.  −inf when log p is not finite at some draw."""
+    z = np.asarray(mu) + np.asarray(eps) @ np.asarray(chol).T
+    lp = np.asarray(target.log_density(z).values, dtype=float)
+    d = len(mu)
+    entropy = 0.5 * d * (1.0 + np.log(2 * np.pi)) + float(np.log(np.diag(chol)).sum())
+    if not np.all(np.isfinite(lp)):
+        return -np.inf, np.nan
+    return float(lp.mean() + entropy), float(lp.std(ddof=1) / np.sqrt(len(lp)))
+
+
+def stan_advi_elbo(fit: ReferenceFit, target, eps_sets: list[np.ndarray]
+                   ) -> list[tuple[float, float]]:
+    """The ELBO of the Gaussian Stan's ADVI fitted (:func:`stan_advi_gaussian`) at each set of
+    base draws in ``eps_sets``, computed as stanvi computes its own fits' ELBO.  ``target``: a
+    :class:`~stanvi.targets.stan_target.StanTarget` of the same model and data."""
+    from stanvi.batch.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
+
+    unconstrained, why = reference_unconstrained(target, labelled_draws(fit.draws))
+    if unconstrained is None:
+        raise ValueError(f"cannot map Stan's ADVI draws to unconstrained space: {why}")
+    zeta = np.column_stack([unconstrained[n] for n in target.unconstrained_names])
+    mu = target.unconstrain(fit.mean)
+    chol = stan_advi_gaussian(fit, zeta, mu)
+    return [gaussian_elbo(target, mu, chol, eps) for eps in eps_sets]

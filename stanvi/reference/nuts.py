@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from stanvi.reference.cmdstan_backend import check_backend, nuts_cmdstan
 from stanvi.reference.result import ReferenceFit, split_columns
 from stanvi.reference.services_lib import (ReferenceRunError, check_settings, init_to_json,
                                            prepare, raise_run_error)
@@ -31,7 +32,8 @@ NUTS_DEFAULTS = {"num_thin": 1, "max_depth": 10, "delta": 0.8, "gamma": 0.05, "k
 
 def nuts(model: str | os.PathLike | CompiledModel, data: DataLike = None, *, chains: int = 4,
          seed: int = 0, num_warmup: int = 1000, num_samples: int = 1000, metric: str = "diag_e",
-         init=None, parallel: bool = True, progress: bool = False, **kw) -> ReferenceFit:
+         init=None, parallel: bool = True, progress: bool = False, backend: str = "inprocess",
+         **kw) -> ReferenceFit:
     """Run Stan's own NUTS (metric adapted during warmup) on a Stan model, in-process.
 
     Stan's ``hmc_nuts_diag_e_adapt`` / ``hmc_nuts_dense_e_adapt`` called exactly as CmdStan
@@ -50,6 +52,9 @@ def nuts(model: str | os.PathLike | CompiledModel, data: DataLike = None, *, cha
             uniform(-2, 2) on the unconstrained scale.
         parallel: run the chains in threads (default) or one after another.
         progress: show the build progress when the services library is built.
+        backend: ``"inprocess"`` (default) or ``"cmdstan"``: the same run through cmdstanpy and
+            the user's CmdStan (:mod:`stanvi.reference.cmdstan_backend`; it honours
+            ``max_depth``, ``delta`` and ``num_thin`` of the settings).
         **kw: any of Stan's other sampler settings, defaults in :data:`NUTS_DEFAULTS`.
 
     Returns:
@@ -64,6 +69,10 @@ def nuts(model: str | os.PathLike | CompiledModel, data: DataLike = None, *, cha
         raise ValueError(f"metric must be 'diag_e' or 'dense_e', not {metric!r}")
     if chains < 1 or num_samples < 1 or num_warmup < 0:
         raise ValueError("need chains >= 1, num_samples >= 1, num_warmup >= 0")
+    check_backend(backend)
+    if backend == "cmdstan":
+        return nuts_cmdstan(model, data, chains=chains, seed=seed, num_warmup=num_warmup,
+                            num_samples=num_samples, metric=metric, init=init, settings=opts)
     compiled, data_json, lib = prepare(model, data, progress)
     dense = metric == "dense_e"
     algorithm = "nuts-dense" if dense else "nuts"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 
+from stanvi.reference.cmdstan_backend import check_backend, pathfinder_cmdstan
 from stanvi.reference.result import ReferenceFit, split_columns
 from stanvi.reference.services_lib import check_settings, init_to_json, prepare, raise_run_error
 from stanvi.stan.compiler import CompiledModel
@@ -25,7 +26,8 @@ _COLUMNS = ("lp_approx__", "lp__", "path__")
 
 
 def pathfinder(model: str | os.PathLike | CompiledModel, data: DataLike = None, *,
-               seed: int = 0, init=None, progress: bool = False, **kw) -> ReferenceFit:
+               seed: int = 0, init=None, progress: bool = False, backend: str = "inprocess",
+               **kw) -> ReferenceFit:
     """Run Stan's Pathfinder on a Stan model, in-process, with CmdStan's defaults.
 
     ``num_paths=1`` runs single-path Pathfinder (``pathfinder_lbfgs_single``: ``num_draws``
@@ -33,6 +35,9 @@ def pathfinder(model: str | os.PathLike | CompiledModel, data: DataLike = None, 
     multi-path Pathfinder (``pathfinder_lbfgs_multi``: the paths in parallel (TBB), then
     ``num_psis_draws`` draws importance-resampled with PSIS from all paths' draws, unless
     ``psis_resample=False``, which returns all ``num_paths * num_draws`` draws).
+
+    ``backend="cmdstan"`` runs the same through cmdstanpy and the user's CmdStan (evaluations
+    are then not counted).
 
     Returns:
         :class:`~stanvi.reference.result.ReferenceFit` (``algorithm`` ``"pathfinder"`` or
@@ -47,6 +52,9 @@ def pathfinder(model: str | os.PathLike | CompiledModel, data: DataLike = None, 
     opts = check_settings(kw, PATHFINDER_DEFAULTS, "Pathfinder")
     if opts["num_paths"] < 1:
         raise ValueError("num_paths must be >= 1")
+    check_backend(backend)
+    if backend == "cmdstan":
+        return pathfinder_cmdstan(model, data, seed=seed, init=init, settings=opts)
     compiled, data_json, lib = prepare(model, data, progress)
     multi = opts["num_paths"] > 1
     start = time.perf_counter()

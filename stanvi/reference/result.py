@@ -31,7 +31,8 @@ class ReferenceFit:
             ``log_p__`` / ``log_g__`` for ADVI, ``lp__`` / ``lp_approx__`` / ``path__`` for
             Pathfinder), same leading length.
         chains: number of chains (1 for the variational algorithms).
-        gradient_evaluations, density_evaluations: model evaluations (see the module docstring).
+        gradient_evaluations, density_evaluations: model evaluations (see the module docstring;
+            None where they cannot be counted: ADVI and Pathfinder through CmdStan).
         wall_time: seconds of the algorithm itself (building the services library excluded).
         settings: every setting the algorithm ran with (Stan's defaults unless given).
         messages: Stan's logger and writer messages, per chain for NUTS.
@@ -48,8 +49,8 @@ class ReferenceFit:
     draws: dict[str, np.ndarray]
     stan_columns: dict[str, np.ndarray]
     chains: int
-    gradient_evaluations: int
-    density_evaluations: int
+    gradient_evaluations: int | None
+    density_evaluations: int | None
     wall_time: float
     settings: dict
     messages: list[str] = field(default_factory=list)
@@ -124,12 +125,11 @@ class ReferenceFit:
         stats = {rename.get(k, k): self._by_chain(v) for k, v in self.stan_columns.items()}
         if "diverging" in stats:
             stats["diverging"] = stats["diverging"].astype(bool)
+        attrs = {"inference_library": "stan (via stanvi)", "algorithm": self.algorithm}
+        if self.gradient_evaluations is not None:
+            attrs["gradient_evaluations"] = self.gradient_evaluations
         return from_dict({"posterior": {k: self._by_chain(v) for k, v in self.draws.items()},
-                          "sample_stats": stats},
-                         attrs={"posterior": {"inference_library": "stan (in-process, stanvi)",
-                                              "algorithm": self.algorithm,
-                                              "gradient_evaluations":
-                                                  self.gradient_evaluations}})
+                          "sample_stats": stats}, attrs={"posterior": attrs})
 
     def __repr__(self) -> str:
         names = ", ".join(self.draws)

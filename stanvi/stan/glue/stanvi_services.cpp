@@ -301,13 +301,14 @@ std::unique_ptr<stan::model::model_base> construct(const char* data_json, unsign
   }
 }
 
-// Stan's errors, preceded by the first few other messages (e.g. why an initial value was
-// rejected; the same reason repeats for each of the 100 attempts).
+// Stan's errors, preceded by the first few warnings (e.g. why an initial value was rejected;
+// the same reason repeats for each of the 100 attempts).  Informational lines (banners,
+// progress) are left out.
 std::string failure_message(const std::string& algorithm, int rc, const MemoryLogger& logger) {
   std::vector<std::string> shown;
   for (const auto& line : logger.lines) {
     if (shown.size() == 6) break;
-    if (line.rfind("error: ", 0) != 0 && line.rfind("fatal: ", 0) != 0) shown.push_back(line);
+    if (line.rfind("warn: ", 0) == 0) shown.push_back(line);
   }
   shown.insert(shown.end(), logger.errors.begin(), logger.errors.end());
   std::string why = join(shown, "\n");

@@ -1,0 +1,130 @@
+"""Batch fits by Stan's own algorithms (issue P2-3): ``stan-advi``, ``pathfinder`` and ``nuts``
+as batch methods, run in-process by :mod:`stanvi.reference` on the batch's compiled model.
+
+Their records have the fields of stanvi's fit records where the quantity exists, in the same
+units, so the report puts them side by side:
+
+* costs: ``draw_evaluations`` = every model evaluation the algorithm made (gradients and log
+  densities, counted in C++), ``oracle`` = the same split by kind; ``run_time`` = the algorithm;
+  ``setup_time`` = building the services library (first use of a model only).
+* ``stan-advi`` (profile = nothing; family meanfield / fullrank): status ``converged`` when Stan
+  says the relative ELBO change converged, else ``max_iters``.  Its Gaussian is recovered exactly
+  from the output (:func:`stanvi.reference.advi.stan_advi_gaussian`), so ``elbo`` (10,000 fresh
+  draws) and ``final_elbo`` (the batch's common draws) are computed as for stanvi's fits.
+* ``pathfinder`` (profile ``multi``, CmdStan's default of 4 paths, or ``single``): status
+  ``converged``; ``elbo`` = the mean of lp − lp_approx over its draws (single path: draws from the
+  approximation; for multi-path, PSIS-resampled draws, so this is not an ELBO and is left out).
+* ``nuts`` (profile ``diag`` or ``dense``): status ``sampled``; no ELBO; R-hat, ESS and
+  divergences in ``info``.
+
+Accuracy against reference draws is computed for all three as for stanvi's fits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+REFERENCE_METHODS = ("stan-advi", "pathfinder", "nuts")
+PROFILES = {"stan-advi": (None,), "pathfinder": (None, "multi", "single"),
+            "nuts": (None, "diag", "dense")}
+# A pathfinder or NUTS run has no variational family; the batch plans it once per seed.
+NO_FAMILY = "none"
+
+
+def check_reference_method(method: str, profile: str | None, options: dict) -> None:
+    """Raise ValueError / TypeError for a profile or option the method does not have."""
+    from stanvi.reference import ADVI_DEFAULTS, NUTS_DEFAULTS, PATHFINDER_DEFAULTS  # noqa: PLC0415
+    from stanvi.reference.services_lib import check_settings  # noqa: PLC0415
+
+    if profile not in PROFILES[method]:
+        raise ValueError(f"method {method!r} has no profile {profile!r}; profiles: "
+                         f"{', '.join(p for p in PROFILES[method] if p) or 'none'}")
+    defaults = {"stan-advi": ADVI_DEFAULTS, "pathfinder": PATHFINDER_DEFAULTS,
+                "nuts": {**NUTS_DEFAULTS, "num_warmup": 1000, "num_samples": 1000,
+                         "chains": 4}}[method]
+    check_settings(options, defaults, method)
+
+
+def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> dict[str, Any]:
+    """Run one reference method for a batch fit job and build its record."""
+    import jax  # noqa: PLC0415
+
+    from stanvi.batch.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
+                                       reference_unconstrained)
+    from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
+    from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
+    from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
+    from stanvi.stan.compiler import compile_model  # noqa: PLC0415
+    from stanvi.stan.services_build import services_library  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
+
+    method, profile, seed = job["method"], job.get("profile"), int(job["seed"])
+    options = dict(job.get("options") or {})
+    compiled = compile_model(job["stan"], progress=False)
+    t0 = time.perf_counter()
+    services_library(compiled, progress=False)
+    setup = time.perf_counter() - t0
+    target = StanTarget(compiled, data, progress=False)
+    if method == "stan-advi":
+        fit = stan_advi(compiled, data, algorithm=job["family"], seed=seed, **options)
+        converged = "CONVERGED" in fit.messages[0]
+        status = "converged" if converged else "max_iters"
+    elif method == "pathfinder":
+        if profile == "single":
+            options["num_paths"] = 1
+        fit = pathfinder(compiled, data, seed=seed, **options)
+        status = "converged"
+    else:
+        fit = nuts(compiled, data, seed=seed, metric="dense_e" if profile == "dense" else "diag_e",
+                   **options)
+        status = "sampled"
+    record: dict[str, Any] = {
+        "status": status, "message": "", "dim": int(target.dim), "elbo": None, "elbo_se": None,
+        "final_elbo": None, "iterations": None, "trace": [], "trace_thinned": False,
+        "oracle": {"gradient": fit.gradient_evaluations, "density": fit.density_evaluations},
+        "draw_evaluations": fit.gradient_evaluations + fit.density_evaluations,
+        "model_evaluations": {"gradient": fit.gradient_evaluations,
+                              "log_density": fit.density_evaluations},
+        "wall_time": fit.wall_time + setup, "compile_time": 0.0, "run_time": fit.wall_time,
+        "setup_time": setup, "khat": None, "khat_se": None, "verdict": None, "ess": None,
+        "info": {"algorithm": fit.algorithm}}
+    draws_by_label = labelled_draws(fit.stan_variables())
+    unconstrained, why = reference_unconstrained(target, draws_by_label)
+    if method == "stan-advi":
+        eps = standard_normal(jax.random.PRNGKey(seed), n_elbo, target.dim)
+        common = standard_normal(jax.random.PRNGKey(runs_common_seed), n_elbo, target.dim)
+        try:
+            (elbo, elbo_se), (final, _) = stan_advi_elbo(fit, target, [eps, common])
+            record.update(elbo=elbo, elbo_se=elbo_se, final_elbo=final)
+        except ValueError as exc:
+            record["message"] = f"ELBO not computed: {exc}"
+        trace = fit.elbo_trace
+        record["iterations"] = int(trace[-1, 0]) if trace.size else 0
+        record["trace"] = [{"iteration": int(i), "run_time": float(t), "elbo": float(e)}
+                           for i, t, e in trace]
+    if fit.algorithm == "pathfinder":
+        ratio = fit.log_p - fit.log_q
+        ratio = ratio[np.isfinite(ratio)]
+        if ratio.size > 1:
+            record["elbo"] = record["final_elbo"] = float(ratio.mean())
+            record["elbo_se"] = float(ratio.std(ddof=1) / math.sqrt(ratio.size))
+    if method == "nuts":
+        record["info"].update({k: v for k, v in fit.diagnostics().items()
+                               if isinstance(v, (int, float))})
+        record["info"]["divergences"] = int(sum(fit.sampler_diagnostics["divergences"]))
+    else:
+        diag = fit.diagnostics()
+        record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess)
+    ref_path = job.get("reference_npz")
+    if ref_path:
+        with np.load(ref_path) as npz:
+            ref_c = {k[2:]: npz[k] for k in npz.files if k.startswith("c:")}
+            ref_u = {k[2:]: npz[k] for k in npz.files if k.startswith("u:")}
+        record["accuracy"] = {"constrained": marginal_accuracy(draws_by_label, ref_c)}
+        if ref_u and unconstrained is not None:
+            record["accuracy"]["unconstrained"] = marginal_accuracy(unconstrained, ref_u)
+    return record
