@@ -96,9 +96,11 @@ def run_model(name: str, stan: Path, data: Path | None, seeds: int) -> dict[str,
     ref_draws = labelled_draws(reference.stan_variables())
     out: dict[str, Any] = {
         "model": name, "dim": int(target.dim),
-        "nuts": {"wall": reference.wall_time, "gradient_evaluations":
-                 reference.gradient_evaluations, **{k: v for k, v in reference.diagnostics().items()
-                                                   if isinstance(v, (int, float))}},
+        "nuts": {"wall": reference.wall_time,
+                 "gradient_evaluations": reference.gradient_evaluations,
+                 "divergences": int(sum(reference.sampler_diagnostics["divergences"])),
+                 **{k: v for k, v in reference.diagnostics().items()
+                    if isinstance(v, (int, float))}},
         "runs": {}, "medians": {}}
     for method in METHODS:
         runs = []
@@ -135,8 +137,7 @@ def print_model(res: dict[str, Any]) -> None:
     nuts_ = res["nuts"]
     print(f"\n{res['model']} (D = {res['dim']}): NUTS {nuts_['wall']:.2f} s, "
           f"{nuts_['gradient_evaluations']} gradients, max R-hat "
-          f"{_fmt(nuts_.get('max_r_hat'), '.3f')}, divergences "
-          f"{sum(nuts_.get('divergences', [])) if isinstance(nuts_.get('divergences'), list) else nuts_.get('divergences', '-')}")
+          f"{_fmt(nuts_.get('max_r_hat'), '.3f')}, divergences {nuts_['divergences']}")
     print(f"  {'method':18s} {'wall s':>8s} {'evals':>9s} {'ELBO gap':>9s} {'mean err/sd':>11s} "
           f"{'W1/sd':>7s} {'k-hat':>6s} failed")
     for method, m in res["medians"].items():

@@ -138,7 +138,7 @@ def gaussian_elbo(target, mu: np.ndarray, chol: np.ndarray, eps: np.ndarray
     of log p(μ + L ε) (``target.log_density``, Jacobian included) plus q's entropy
     D/2 (1 + log 2π) + Σ log Lᵢᵢ.  −inf when log p is not finite at some draw."""
     z = np.asarray(mu) + np.asarray(eps) @ np.asarray(chol).T
-    lp = np.asarray(target.log_density(z).values, dtype=float)
+    lp = np.asarray(target.log_density(z).log_density, dtype=float)
     d = len(mu)
     entropy = 0.5 * d * (1.0 + np.log(2 * np.pi)) + float(np.log(np.diag(chol)).sum())
     if not np.all(np.isfinite(lp)):
