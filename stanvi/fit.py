@@ -13,6 +13,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -188,6 +189,24 @@ def as_target(model: ModelLike, data=None, *, dim: int | None = None, seed: int 
                       hvp_method=hvp_method or "auto")
 
 
+def describe_data(data) -> str:
+    """How the data were given, for the output files: a data file's absolute path, else
+    ``"dict"``, ``"JSON text"`` or ``""`` (no data, or a target loaded before the fit)."""
+    if data is None:
+        return ""
+    if isinstance(data, Mapping):
+        return "dict"
+    if isinstance(data, (str, os.PathLike)):
+        text = os.fspath(data)
+        if isinstance(text, str) and text.lstrip().startswith("{"):
+            return "JSON text"
+        try:
+            return str(Path(text).resolve())
+        except (OSError, ValueError):
+            return str(text)
+    return type(data).__name__
+
+
 def _check_arguments(draws, max_oracle_calls) -> None:
     """Arguments a fit cannot run with, named, before anything is compiled."""
     if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
@@ -306,6 +325,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
                     options=opts, seed=seed, key=key, n_draws=draws, wall_time=wall,
                     setup_time=setup_time, estimator=estimator)
     fit_result.compile_time = compile_time
+    fit_result.info["data_source"] = describe_data(data)
     _report_diagnostics(fit_result, progress)
     return fit_result
 

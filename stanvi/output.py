@@ -4,18 +4,26 @@ when ``zarr`` is installed), and :func:`save`, which writes both plus the summar
 
 Stan CSV layout:
 
-* ``#`` comment lines with the configuration (CmdStan's ``key = value`` style: model, method,
-  algorithm, output_samples, seed, data file, then stanvi's own method, profile and options);
+* ``#`` comment lines with the configuration exactly as CmdStan's ``variational`` method writes
+  them (``model``, ``method = variational``, ``algorithm``, ``iter``, ``grad_samples``,
+  ``elbo_samples``, ``eta``, ``adapt``, ``tol_rel_obj``, ``eval_elbo``, ``output_samples``, the
+  data file, the seed; :func:`cmdstan_variational_config` says where the values come from for
+  methods other than ADVI), then stanvi's own settings under ``stanvi_`` keys (its version,
+  method, family, profile and every option as ``stanvi_option_NAME``) so that a reader taking
+  the ``key = value`` lines as one flat dictionary, as cmdstanpy does, sees CmdStan's values;
 * the header row: ``lp__,log_p__,log_g__`` then every constrained parameter, transformed
   parameter and generated quantity element, named as CmdStan names them (``theta.1``,
   ``Sigma.2.1``; column-major, first index fastest);
+* CmdStan's ``# Stepsize adaptation complete.`` / ``# eta = ...`` block;
 * row 0: the mean of the approximation pushed through the constraining transform (generated
   quantities included), with ``lp__ = log_p__ = log_g__ = 0``;
 * then one row per draw: ``lp__ = 0``, ``log_p__`` = log p(z) (Jacobian included),
   ``log_g__`` = −½‖ε‖² (Stan drops the constants; log q = log_g__ − H(q) + D/2);
-* trailing ``#`` comments: the stopping status, oracle counts, times and Pareto k-hat.
+* trailing ``# stanvi_...`` comments: the stopping status, oracle counts, times and Pareto k-hat.
 
-``stanio.read_csv`` and cmdstanpy-style readers parse it; the draws are rows 1..S.
+``cmdstanpy.from_csv`` reads it as a ``CmdStanVB`` (``variational_params_dict`` is row 0,
+``stan_variable`` and ``variational_sample_pd`` the draws), as do ``stanio.read_csv`` and
+``arviz_base.from_cmdstanpy``; the draws are rows 1..S.
 """
 
 from __future__ import annotations
@@ -66,46 +74,121 @@ def _fmt(x: float, sig_figs: int | None) -> str:
     return f"{x:.{sig_figs}g}"
 
 
-def _header_lines(fit, data_file: str | None) -> list[str]:
+# CmdStan's defaults for its ``variational`` method (CmdStan guide, "Variational inference
+# algorithm configuration"); written where a stanvi method has no counterpart.
+CMDSTAN_VARIATIONAL_DEFAULTS = {"iter": 10000, "grad_samples": 1, "elbo_samples": 100,
+                                "eta": 1.0, "adapt_iter": 50, "tol_rel_obj": 0.01,
+                                "eval_elbo": 100}
+
+# stanvi option names that play the part of CmdStan's keys, per key, first match wins.
+_CMDSTAN_COUNTERPARTS = {"iter": ("max_iterations", "max_iters"),
+                         "grad_samples": ("grad_samples", "n_grad"),
+                         "elbo_samples": ("elbo_samples", "elbo_draws"),
+                         "tol_rel_obj": ("tol_rel_obj",),
+                         "eval_elbo": ("eval_elbo", "elbo_every")}
+
+
+def cmdstan_variational_config(fit) -> dict[str, Any]:
+    """CmdStan's ``variational`` configuration keys for a fit: ADVI's own values; for the other
+    methods the option that plays the same part (``max_iters`` for ``iter``, ``n_grad`` for
+    ``grad_samples``) or else CmdStan's default, so that readers of CmdStan output (cmdstanpy's
+    ``from_csv``, which checks them) accept the file.  ``eta`` is ADVI's adapted step-size
+    scale; the other methods adapt none and write CmdStan's default 1.  stanvi's own settings
+    are in the ``stanvi_*`` keys."""
+    opts = _jsonable(fit.options)
+    opts = opts if isinstance(opts, dict) else {}
+    config: dict[str, Any] = {}
+    for key, names in _CMDSTAN_COUNTERPARTS.items():
+        value = next((opts[n] for n in names if isinstance(opts.get(n), (int, float))
+                      and not isinstance(opts.get(n), bool) and opts[n] > 0), None)
+        config[key] = CMDSTAN_VARIATIONAL_DEFAULTS[key] if value is None else value
+    eta = fit.info.get("eta") if fit.method == "advi" else None
+    if eta is None and fit.method == "advi":
+        eta = opts.get("eta")
+    config["eta"] = float(eta) if isinstance(eta, (int, float)) and eta > 0 else 1.0
+    config["adapt_engaged"] = int(bool(opts.get("adapt_engaged", False))) if fit.method == "advi" else 0
+    config["adapt_iter"] = opts.get("adapt_iter", CMDSTAN_VARIATIONAL_DEFAULTS["adapt_iter"])
+    return config
+
+
+def data_source(fit) -> str:
+    """Where the fit's data came from: the data file's path when the fit was given one, else
+    a short description (``"dict"``, ``"JSON text"``, ``""`` for no data)."""
+    return str(fit.info.get("data_source", "") or "")
+
+
+def _header_lines(fit, data_file: str | None, output_file: str | None) -> list[str]:
+    """The configuration comments, as CmdStan's ``variational`` method writes them (the keys
+    cmdstanpy's ``from_csv`` reads), then stanvi's own settings under ``stanvi_`` keys (so
+    that a flat reading of ``key = value`` lines never confuses the two)."""
     from stanvi.version import __version__  # noqa: PLC0415
 
     model = str(getattr(fit.target, "name", "model"))
     n = int(np.shape(fit.log_p)[0])
+    cfg = cmdstan_variational_config(fit)
+    algorithm = fit.family_name if fit.family_name in ("meanfield", "fullrank") else "meanfield"
     lines = [
-        f"stanvi_version = {__version__}",
         f"model = {model}_model",
         "method = variational",
         "  variational",
-        f"    algorithm = {fit.family_name}",
-        f"      {fit.family_name}",
+        f"    algorithm = {algorithm}",
+        f"      {algorithm}",
+        f"    iter = {cfg['iter']}",
+        f"    grad_samples = {cfg['grad_samples']}",
+        f"    elbo_samples = {cfg['elbo_samples']}",
+        f"    eta = {_fmt(cfg['eta'], None)}",
+        "    adapt",
+        f"      engaged = {cfg['adapt_engaged']}",
+    ]
+    if cfg["adapt_engaged"]:   # CmdStan writes the adaptation's iter under adapt
+        lines.append(f"      iter = {cfg['adapt_iter']}")
+    lines += [
+        f"    tol_rel_obj = {_fmt(float(cfg['tol_rel_obj']), None)}",
+        f"    eval_elbo = {cfg['eval_elbo']}",
         f"    output_samples = {n}",
-        "  stanvi",
-        f"    method = {fit.method}",
-        f"    profile = {fit.profile}",
-        "    options",
+        "id = 1",
+        "data",
+        f"  file = {data_file if data_file is not None else data_source(fit)}",
+        "random",
+        f"  seed = {fit.seed}",
+        "output",
+        f"  file = {output_file or ''}",
+        "stanvi",
+        f"  stanvi_version = {__version__}",
+        f"  stanvi_method = {fit.method}",
+        f"  stanvi_family = {fit.family_name}",
+        f"  stanvi_profile = {fit.profile}",
     ]
     opts = _jsonable(fit.options)
     if isinstance(opts, dict):
-        lines += [f"      {k} = {v}" for k, v in opts.items()]
-    lines += ["data", f"  file = {data_file or ''}", "random", f"  seed = {fit.seed}"]
+        lines += [f"  stanvi_option_{k} = {v}" for k, v in opts.items()]
+    return lines
+
+
+def _adaptation_lines(fit) -> list[str]:
+    """CmdStan's block after the header row (cmdstanpy reads ``eta`` from it)."""
+    eta = cmdstan_variational_config(fit)["eta"]
+    lines = ["Stepsize adaptation complete.", f"eta = {_fmt(eta, None)}"]
+    if fit.method != "advi":
+        lines.append(f"({fit.method} adapts no step size: eta is CmdStan's default)")
     return lines
 
 
 def _footer_lines(fit, diagnostics) -> list[str]:
-    lines = [f"status = {fit.status}"]
+    lines = [f"stanvi_status = {fit.status}"]
     if fit.message:
-        lines.append(f"message = {' '.join(str(fit.message).split())}")
-    lines += [f"iterations = {max(len(fit.trace) - 1, 0)}"]
-    lines += [f"{k} = {_fmt(float(v), None)}" for k, v in fit.oracle.items()]
-    lines += [f"wall_time_seconds = {fit.wall_time:.3f}",
-              f"jax_compile_seconds = {fit.compile_time:.3f}",
-              f"setup_seconds = {fit.setup_time:.3f}"]
+        lines.append(f"stanvi_message = {' '.join(str(fit.message).split())}")
+    lines += [f"stanvi_iterations = {max(len(fit.trace) - 1, 0)}"]
+    lines += [f"stanvi_{k} = {_fmt(float(v), None)}" for k, v in fit.oracle.items()]
+    lines += [f"stanvi_wall_time_seconds = {fit.wall_time:.3f}",
+              f"stanvi_jax_compile_seconds = {fit.compile_time:.3f}",
+              f"stanvi_setup_seconds = {fit.setup_time:.3f}"]
     if diagnostics is not None:
-        lines += [f"pareto_k = {diagnostics.khat:.4f}",
-                  f"pareto_k_threshold = {diagnostics.threshold:.4f}",
-                  f"verdict = {diagnostics.verdict}",
-                  f"ess_importance = {diagnostics.ess:.1f}",
-                  f"elbo = {_fmt(diagnostics.elbo, 10)}"]
+        lines += [f"stanvi_pareto_k = {diagnostics.khat:.4f}",
+                  f"stanvi_pareto_k_threshold = {diagnostics.threshold:.4f}",
+                  f"stanvi_verdict = {diagnostics.verdict}",
+                  f"stanvi_ess_importance = {diagnostics.ess:.1f}",
+                  f"stanvi_elbo = {_fmt(diagnostics.elbo, 10)}"]
     return lines
 
 
@@ -116,7 +199,8 @@ def write_csv(fit, path, *, sig_figs: int | None = None, data_file: str | None =
         fit: a :class:`stanvi.Fit`.
         path: the file to write.
         sig_figs: significant figures (default: every digit needed to read the value back).
-        data_file: recorded in the header's ``data file = ...`` line.
+        data_file: recorded in the header's ``data file = ...`` line (default: the data
+            file the fit was given, see :func:`data_source`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,9 +221,11 @@ def write_csv(fit, path, *, sig_figs: int | None = None, data_file: str | None =
         except Exception:  # noqa: BLE001
             diag = None
     with path.open("w") as fh:
-        for line in _header_lines(fit, data_file):
+        for line in _header_lines(fit, data_file, path.name):
             fh.write(f"# {line}\n")
         fh.write(",".join(columns) + "\n")
+        for line in _adaptation_lines(fit):
+            fh.write(f"# {line}\n")
         for row in body.tolist():
             fh.write(",".join(_fmt(x, sig_figs) for x in row) + "\n")
         for line in _footer_lines(fit, diag):

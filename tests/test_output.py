@@ -12,6 +12,7 @@ import stanio
 import stanvi
 from stanvi.arviz_io import load_datatree
 from stanvi.output import csv_columns, read_csv, write_csv
+from stanvi.stan.names import element_labels
 
 from conftest import data_dict, data_file
 
@@ -40,10 +41,14 @@ def test_stan_csv_layout(fit, tmp_path):
     assert "# method = variational" in comments
     assert "#     algorithm = meanfield" in comments
     assert "#     output_samples = 300" in comments
-    assert "#     method = trustvi" in comments and "#   seed = 4" in comments
+    assert "#   stanvi_method = trustvi" in comments and "#   seed = 4" in comments
     assert "#   file = data.json" in comments
-    assert any(line.startswith("# pareto_k = ") for line in lines[header_at:])
-    assert any(line.startswith("# status = ") for line in lines[header_at:])
+    # stanvi's keys never shadow CmdStan's: no second 'method', trustvi's eta is prefixed
+    assert sum(line.strip("# ").startswith("method = ") for line in lines) == 1
+    assert "#   stanvi_option_eta = 0.25" in comments
+    assert lines[header_at + 1:header_at + 3] == ["# Stepsize adaptation complete.", "# eta = 1"]
+    assert any(line.startswith("# stanvi_pareto_k = ") for line in lines[header_at:])
+    assert any(line.startswith("# stanvi_status = ") for line in lines[header_at:])
 
     n = data_dict("tp_gq")["N"]
     columns, mean_row, draws = read_csv(path)
@@ -106,3 +111,56 @@ def test_element_labels_are_column_major_in_both_styles():
     assert element_labels("b", (2, 2), style="dots") == ["b.1.1", "b.2.1", "b.1.2", "b.2.2"]
     with pytest.raises(ValueError, match="style"):
         element_labels("b", (2,), style="x")
+
+
+# ------------------------------------------------------------------ readers of CmdStan output
+def _cmdstanpy_reads(fit, path):
+    """cmdstanpy reads the file as a CmdStanVB, with stanvi's values."""
+    import cmdstanpy  # noqa: PLC0415
+
+    vb = cmdstanpy.from_csv(str(path))
+    assert isinstance(vb, cmdstanpy.CmdStanVB), f"cmdstanpy could not read {path}"
+    from stanvi.output import mean_row  # noqa: PLC0415
+
+    mean = mean_row(fit)
+    params = vb.variational_params_dict
+    assert params["lp__"] == params["log_p__"] == params["log_g__"] == 0.0
+    for name, values in mean.items():
+        for label, value in zip(element_labels(name, values.shape[1:]),
+                                values.reshape(1, -1, order="F")[0]):
+            assert params[label] == value, label
+    for name, draws in fit.draws.items():
+        np.testing.assert_array_equal(vb.stan_variable(name, mean=False), draws)
+    sample = vb.variational_sample_pd
+    np.testing.assert_array_equal(sample["log_p__"].to_numpy(), fit.log_p)
+    labels = [lab for name, arr in fit.draws.items() for lab in element_labels(name, arr.shape[1:])]
+    assert list(sample.columns) == ["lp__", "log_p__", "log_g__"] + labels
+    config = vb.metadata.cmdstan_config
+    assert config["method"] == "variational" and config["stanvi_method"] == fit.method
+    assert config["output_samples"] == len(fit.log_p) and config["seed"] == fit.seed
+    return vb
+
+
+def test_cmdstanpy_reads_the_csv(fit, tmp_path):
+    """cmdstanpy.from_csv gives a CmdStanVB whose mean, draws and sample equal the fit's, and
+    whose configuration is CmdStan's (trustvi's own eta is stanvi_option_eta)."""
+    vb = _cmdstanpy_reads(fit, write_csv(fit, tmp_path / "fit.csv", data_file="d.json"))
+    config = vb.metadata.cmdstan_config
+    assert vb.eta == 1.0 and config["algorithm"] == "meanfield"
+    assert config["iter"] == fit.options.max_iters and config["grad_samples"] == fit.options.n_grad
+    assert config["tol_rel_obj"] > 0 and config["stanvi_option_eta"] == fit.options.eta
+    assert config["data_file"] == "d.json"
+
+
+def test_cmdstanpy_reads_an_advi_fit_with_its_adapted_eta(compiled, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = stanvi.fit(compiled("bernoulli"), data_file("bernoulli"), method="advi",
+                         family="fullrank", seed=2, draws=200, progress=False,
+                         max_iterations=300)
+    vb = _cmdstanpy_reads(fit, fit.save(tmp_path)["csv"])
+    config = vb.metadata.cmdstan_config
+    assert vb.eta == fit.info["eta"] and config["algorithm"] == "fullrank"
+    assert config["grad_samples"] == 1 and config["elbo_samples"] == 100
+    # the fit was given the data as a path: the CSV names it
+    assert config["data_file"] == str(data_file("bernoulli").resolve())
