@@ -102,8 +102,10 @@ def test_pathfinder_single_and_multi_path(diag_model):
     assert set(np.unique(multi.stan_columns["path__"])) <= {1.0, 2.0, 3.0}
     # three paths cost about three times one (each path's L-BFGS and ELBO draws)
     assert 2 * single.gradient_evaluations <= multi.gradient_evaluations
+    with pytest.raises(ValueError, match="no single proposal density"):
+        multi.diagnostics()
     everything = pathfinder(diag_model, DIAG, seed=4, num_paths=3, psis_resample=False)
-    assert everything.num_draws == 3 * 1000
+    assert everything.num_draws == 3 * 1000 and not everything.has_proposal_density
 
 
 def test_failures_carry_stans_message(diag_model):

@@ -116,7 +116,7 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
         record["info"].update({k: v for k, v in fit.diagnostics().items()
                                if isinstance(v, (int, float))})
         record["info"]["divergences"] = int(sum(fit.sampler_diagnostics["divergences"]))
-    else:
+    elif fit.has_proposal_density:
         diag = fit.diagnostics()
         record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess)
     ref_path = job.get("reference_npz")

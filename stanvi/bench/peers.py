@@ -75,7 +75,8 @@ def _run_method(method: str, compiled, data, target, seed: int, common: np.ndarr
         status = "converged"
     return {"status": status, "wall": ref.wall_time,
             "evaluations": ref.gradient_evaluations + ref.density_evaluations, "hvp": 0,
-            "elbo": elbo, "khat": ref.diagnostics().khat, "draws": ref.stan_variables()}
+            "elbo": elbo, "khat": ref.diagnostics().khat if ref.has_proposal_density else None,
+            "draws": ref.stan_variables()}
 
 
 def run_model(name: str, stan: Path, data: Path | None, seeds: int) -> dict[str, Any]:

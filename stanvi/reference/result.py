@@ -109,9 +109,21 @@ class ReferenceFit:
                            min_ess_bulk=float(table["ess_bulk"].min()),
                            min_ess_tail=float(table["ess_tail"].min()))
             return out
+        if not self.has_proposal_density:
+            raise ValueError("multi-path Pathfinder's draws come from several paths' "
+                             "approximations (PSIS-resampled by default): they have no single "
+                             "proposal density, so no k-hat (Stan's own PSIS k-hat warning over "
+                             "all paths' draws, if any, is in `messages`)")
         from stanvi.diagnostics import compute  # noqa: PLC0415
 
         return compute(self.log_p, self.log_q, method=self.algorithm)
+
+    @property
+    def has_proposal_density(self) -> bool:
+        """True when log_p − log_q at the draws are importance ratios of one proposal (not for
+        NUTS, nor for multi-path Pathfinder, whose draws come from several paths)."""
+        return (self.log_p is not None and self.log_q is not None
+                and self.algorithm != "pathfinder-multi")
 
     def to_arviz(self):
         """An ArviZ DataTree: ``posterior`` (chains × draws) with Stan's columns in
