@@ -11,7 +11,8 @@ from stanvi.jax_config import configure as _configure_jax
 
 _configure_jax()
 
-from stanvi.errors import (ModelEvaluationError, StanCompileError, StanDataError, StanviError,
+from stanvi.errors import (ModelEvaluationError, NotConvergedError, NotConvergedWarning,
+                           StanCompileError, StanDataError, StanviError, StanviWarning,
                            ToolchainError, VIError)
 from stanvi.stan.compiler import CompiledModel, compile_model
 from stanvi.stan.data import DataLike
@@ -55,6 +56,7 @@ def load(model: str | os.PathLike | CompiledModel, data: DataLike = None, *, see
                       hvp_method=hvp_method)
 
 
-__all__ = ["CompiledModel", "Fit", "fit", "JaxTarget", "ModelEvaluationError", "StanCompileError",
-           "StanDataError", "StanTarget", "StanviError", "ToolchainError", "VIError", "compile",
+__all__ = ["CompiledModel", "Fit", "fit", "JaxTarget", "ModelEvaluationError",
+           "NotConvergedError", "NotConvergedWarning", "StanCompileError", "StanDataError",
+           "StanTarget", "StanviError", "StanviWarning", "ToolchainError", "VIError", "compile",
            "load", "__version__"]

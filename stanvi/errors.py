@@ -58,3 +58,26 @@ class ModelEvaluationError(StanviError):
 
 class VIError(StanviError):
     """A variational method cannot proceed (zero-parameter model, every draw failed, ...)."""
+
+
+class NotConvergedError(VIError):
+    """``stanvi.fit(..., require_converged=True)`` and the method stopped for another reason than
+    its convergence rule ('max_iters', 'budget' or 'failed').
+
+    Attributes:
+        fit: the :class:`stanvi.Fit` as it stood (its ``status`` and ``message`` say why).
+    """
+
+    def __init__(self, message: str, *, fit=None) -> None:
+        super().__init__(message)
+        self.fit = fit
+
+
+class StanviWarning(UserWarning):
+    """Base class of the warnings stanvi issues (filter them with
+    ``warnings.filterwarnings("ignore", category=stanvi.StanviWarning)``)."""
+
+
+class NotConvergedWarning(StanviWarning):
+    """A fit stopped on its iteration limit, its oracle budget, or a failure, not on its
+    convergence rule: the approximation may be far from the optimum."""

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from stanvi.errors import VIError
+from stanvi.errors import NotConvergedError, NotConvergedWarning, VIError
 from stanvi.estimators.base import estimator_for
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.families import make_family
@@ -207,6 +207,23 @@ def describe_data(data) -> str:
     return type(data).__name__
 
 
+MAX_SEED = 2**32 - 1   # CmdStan's range for seeds (an unsigned 32-bit integer)
+
+
+def check_seed(seed) -> int:
+    """The seed as an int, or a ValueError naming the accepted range (an integer from 0 to
+    2**32 - 1, as CmdStan takes; None means 0)."""
+    if seed is None:
+        return 0
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer from 0 to {MAX_SEED} (2**32 - 1), "
+                         f"got {seed!r}")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"seed must be an integer from 0 to {MAX_SEED} (2**32 - 1, CmdStan's "
+                         f"range), got {int(seed)}")
+    return int(seed)
+
+
 def _check_arguments(draws, max_oracle_calls) -> None:
     """Arguments a fit cannot run with, named, before anything is compiled."""
     if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
@@ -259,7 +276,8 @@ def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.
 def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "meanfield",
         seed: int | None = None, init=None, max_oracle_calls: float | None = None,
         progress: bool = True, draws: int = 1000, profile: str | None = None,
-        dim: int | None = None, hvp_method: str | None = None, **options) -> Fit:
+        dim: int | None = None, hvp_method: str | None = None, require_converged: bool = False,
+        **options) -> Fit:
     """Fit a variational approximation.
 
     Args:
@@ -268,7 +286,8 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         data: the Stan data (dict, JSON path or JSON string).
         method: 'trustvi' (default), 'advi' or 'hfsgvi'.
         family: 'meanfield' (default) or 'fullrank'.
-        seed: integer seed (default 0); the same seed gives the same result.
+        seed: integer seed from 0 to 2**32 - 1 (default 0); the same seed gives the same
+            result.
         init: None (the method's rule), 'zero', 'random' (Stan's uniform(−2, 2)), a dict of
             constrained parameter values, or an unconstrained array (D,).
         max_oracle_calls: budget in scaled oracle units (docs/algorithms.md#oracle-calls); the
@@ -279,11 +298,18 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         hvp_method: for a Stan model loaded here, 'auto' (default: decided once per compiled
             library and data, and stored), 'exact' or 'finite_difference'; the method used is in
             ``fit.info["hvp_method"]``.
+        require_converged: raise :class:`~stanvi.errors.NotConvergedError` (carrying the fit
+            as ``exc.fit``) when the method stops for another reason than its convergence rule;
+            by default a :class:`~stanvi.errors.NotConvergedWarning` is issued instead, whatever
+            ``progress`` says.
         **options: the method's options, overriding the profile's.
+
+    Warns:
+        NotConvergedWarning: the fit stopped on 'max_iters', 'budget' or 'failed'.
     """
     t0 = time.perf_counter()
     _check_arguments(draws, max_oracle_calls)
-    seed = 0 if seed is None else int(seed)
+    seed = check_seed(seed)
     target = as_target(model, data, dim=dim, seed=seed, progress=progress, hvp_method=hvp_method)
     if target.dim == 0:
         raise VIError(f"{target!r} has no parameters: there is nothing to approximate (use "
@@ -327,7 +353,25 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     fit_result.compile_time = compile_time
     fit_result.info["data_source"] = describe_data(data)
     _report_diagnostics(fit_result, progress)
+    if not fit_result.converged:
+        text = not_converged_text(fit_result)
+        if require_converged:
+            raise NotConvergedError(text, fit=fit_result)
+        warnings.warn(text, NotConvergedWarning, stacklevel=2)
     return fit_result
+
+
+def not_converged_text(fit_result: Fit) -> str:
+    """What a fit that did not converge says to its user (the warning's and error's text)."""
+    how = {"max_iters": "reached its iteration limit",
+           "budget": "spent its oracle budget (max_oracle_calls)",
+           "failed": "failed"}.get(fit_result.status, f"stopped with status {fit_result.status!r}")
+    advice = ("see fit.message and fit.diagnostics()" if fit_result.status == "failed" else
+              "the approximation may be far from the optimum: raise the limit, check "
+              "fit.diagnostics(), or pass require_converged=True to make this an error")
+    message = " ".join(str(fit_result.message or "").split())
+    return (f"{fit_result.method} {how} before converging"
+            + (f" ({message})" if message else "") + f"; {advice}")
 
 
 def _report_diagnostics(fit_result: Fit, progress: bool) -> None:

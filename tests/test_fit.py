@@ -287,3 +287,27 @@ def test_repr_and_wall_time():
     assert repr(fit).startswith("Fit(method='trustvi', family='meanfield'")
     times = fit.trace.column("wall_time")
     assert np.all(np.diff(times) >= 0)
+
+
+# ------------------------------------------------------------------------------ non-convergence
+
+def test_a_fit_that_did_not_converge_warns_even_without_progress():
+    """Scripts run with progress=False still hear about a fit stopped by max_iters or a budget
+    (a NotConvergedWarning), and require_converged=True makes it an error carrying the fit."""
+    import warnings  # noqa: PLC0415
+
+    lp = GaussianProblem(np.array([1.0, -1.0]), np.diag([1.0, 4.0]), "2d").log_density
+    with pytest.warns(stanvi.NotConvergedWarning, match="trustvi reached its iteration limit"):
+        fit = stanvi.fit(lp, dim=2, progress=False, draws=5, max_iters=1, warm_start="none")
+    assert fit.status == "max_iters"
+    with pytest.warns(stanvi.NotConvergedWarning, match="oracle budget"):
+        stanvi.fit(lp, dim=2, method="advi", progress=False, draws=5, max_oracle_calls=2.0)
+    with pytest.raises(stanvi.NotConvergedError, match="iteration limit") as exc:
+        stanvi.fit(lp, dim=2, progress=False, draws=5, max_iters=1, warm_start="none",
+                   require_converged=True)
+    assert exc.value.fit.status == "max_iters" and isinstance(exc.value, stanvi.VIError)
+    assert issubclass(stanvi.NotConvergedWarning, stanvi.StanviWarning)
+    with warnings.catch_warnings():          # a converged fit warns of nothing
+        warnings.simplefilter("error", stanvi.StanviWarning)
+        fit = stanvi.fit(lp, dim=2, progress=False, draws=5, require_converged=True)
+    assert fit.converged

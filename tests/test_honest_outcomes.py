@@ -361,3 +361,36 @@ def test_advi_runaway_is_blamed_on_the_steps_unless_the_probe_finds_an_improper_
     flat_in_2 = JaxTarget(lambda z: -0.5 * z[0] ** 2 + 0.0 * z[1], 2)
     msg = advi._runaway_message(flat_in_2, mf, runaway, q0, key, opts, OracleLedger(), 1.0, "m")
     assert "coordinate 2" in msg and "may be improper" in msg
+
+
+# ------------------------------------------------------------------------------ issue 13 item 10
+
+@pytest.mark.parametrize("method", ["trustvi", "advi"])
+def test_improper_posterior_warns_with_the_hint_and_summaries_stay_finite(method):
+    """A bad-input probe (``parameters { real x; } model { }``) got a Fit with ±inf draws and
+    status 'failed' but no word of why when progress=False: the NotConvergedWarning now carries
+    the method's hint, and the summary leaves non-finite draws out (NaN where none is finite)."""
+    with pytest.warns(stanvi.NotConvergedWarning, match="may be improper"):
+        fit = stanvi.fit(flat, dim=1, method=method, seed=0, progress=False, draws=50)
+    assert fit.status == "failed"
+    table = fit.summary()
+    assert list(table.index) == ["z.1"] and not np.isinf(table.to_numpy()).any()
+    draws = fit.draws["z.1"]
+    finite = draws[np.isfinite(draws)]
+    if finite.size > 1:
+        assert table.loc["z.1", "mean"] == pytest.approx(finite.mean(), rel=1e-12)
+    else:
+        assert np.isnan(table.loc["z.1", "mean"])
+
+
+@pytest.mark.parametrize("seed", [2**63, 2**32, -1, 1.5, "3", True])
+def test_bad_seeds_are_named(seed):
+    """seed=2**63 raised a raw OverflowError from deep inside; seeds are checked first."""
+    with pytest.raises(ValueError, match=r"seed must be an integer from 0 to 4294967295"):
+        stanvi.fit(flat, dim=1, seed=seed, progress=False)
+
+
+def test_largest_seed_is_accepted():
+    fit = stanvi.fit(lambda z: -0.5 * jnp.sum(z**2), dim=1, seed=2**32 - 1, progress=False,
+                     draws=5)
+    assert fit.seed == 2**32 - 1
