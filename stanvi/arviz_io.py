@@ -193,6 +193,9 @@ def fit_attrs(fit, diagnostics=None) -> dict[str, Any]:
         attrs[k] = v
     if "hvp_method" in fit.info:
         attrs["hvp_method"] = fit.info["hvp_method"]
+    attrs["data_source"] = str(fit.info.get("data_source", "") or "")
+    attrs["oracle_counts"] = json.dumps(_jsonable(dict(fit.oracle)))
+    attrs["info"] = json.dumps(_jsonable(dict(fit.info)))
     if diagnostics is not None:
         attrs.update({
             "pareto_k": float(diagnostics.khat),
@@ -224,7 +227,7 @@ def _as_mapping(spec, what: str) -> dict[str, str]:
 # ---------------------------------------------------------------------- main entry point
 def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed=None,
                 dims: Mapping[str, list[str]] | None = None, coords: Mapping[str, Any] | None = None,
-                include_data: bool = True, include_trace: bool = True):
+                include_data: bool = True, include_trace: bool = True, index_origin: int = 1):
     """The fit as an ``xarray.DataTree`` following ArviZ conventions (see the module docstring).
 
     Args:
@@ -237,7 +240,12 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
         observed: data variables for ``observed_data`` (default: read from the model block).
         dims, coords: override dim names per variable / give coordinate values per dim.
         include_data: add ``observed_data`` / ``constant_data``.
-        include_trace: add the ``vi_trace`` and ``vi_approximation`` groups.
+        include_trace: add the ``vi_trace``, ``vi_approximation``, ``vi_mean`` and
+            ``vi_diagnostics`` groups (what :func:`stanvi.read` needs to rebuild the fit).
+        index_origin: the first coordinate value of a variable's own dims (not ``chain`` and
+            ``draw``): 1 (default) as Stan numbers elements, so ``theta[1]`` in
+            ``arviz_stats.summary`` is Stan's ``theta[1]``; 0 for ArviZ's default.  ``coords``
+            given for a dim take precedence.
     """
     from arviz_base import from_dict  # noqa: PLC0415
     from xarray import Dataset, DataTree  # noqa: PLC0415
@@ -309,6 +317,9 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
                     gd = _resolve_dims(groups[gname], declared, 0, dims)
                     all_dims.update({f"{gname}::{k}": v for k, v in gd.items()})
 
+    if isinstance(index_origin, bool) or not isinstance(index_origin, (int, np.integer)):
+        raise TypeError(f"index_origin must be an integer (1: Stan's numbering, 0: ArviZ's), "
+                        f"got {index_origin!r}")
     attrs = fit_attrs(fit, diag)
     data_dims = {k: v for k, v in all_dims.items() if "::" not in k}
     tree_groups = {}
@@ -316,7 +327,10 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
         gdims = {k: all_dims.get(f"{gname}::{k}", data_dims.get(k)) for k in values}
         gdims = {k: v for k, v in gdims.items() if v}
         used = {d for names in gdims.values() for d in names} | set(SAMPLE_DIMS)
-        gcoords = {k: v for k, v in (coords or {}).items() if k in used}
+        lead = 2 if gname in ("posterior", "sample_stats", "log_likelihood",
+                              "posterior_predictive") else 0
+        gcoords = _default_coords(values, gdims, lead, int(index_origin))
+        gcoords.update({k: v for k, v in (coords or {}).items() if k in used})
         sub = from_dict({gname: values}, dims=gdims, coords=gcoords,
                         sample_dims=list(SAMPLE_DIMS),
                         attrs={gname: attrs if gname in ("posterior", "sample_stats") else
@@ -344,9 +358,84 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
                    "description": "q in unconstrained space: flat variational parameters "
                                   "(layout: see stanvi.families), mean and marginal sd"})
 
+        unc = np.asarray(fit.unconstrained_draws, dtype=float)
+        tree_groups["vi_approximation"]["unconstrained_draws"] = (
+            ("draw", "unconstrained_parameter"), unc)
+        tree_groups["vi_approximation"] = tree_groups["vi_approximation"].assign_coords(
+            draw=np.arange(unc.shape[0]))
+        tree_groups["vi_mean"] = _mean_dataset(fit, tree_groups.get("posterior"), dims,
+                                               int(index_origin))
+        if diag is not None:
+            tree_groups["vi_diagnostics"] = _diagnostics_dataset(diag)
+
     tree = DataTree.from_dict(tree_groups)
     tree.attrs = dict(attrs)
     return tree
+
+
+def _default_coords(values: Mapping[str, np.ndarray], gdims: Mapping[str, list[str]],
+                    n_lead: int, origin: int) -> dict[str, np.ndarray]:
+    """``origin, origin + 1, ...`` along each named non-sample dim."""
+    out: dict[str, np.ndarray] = {}
+    for name, names in gdims.items():
+        shape = np.shape(values[name])[n_lead:]
+        for dim, size in zip(names, shape):
+            out.setdefault(dim, np.arange(origin, origin + size))
+    return out
+
+
+def mean_row(fit) -> dict[str, np.ndarray]:
+    """The constrained transform of the approximation's mean (tp and gq included), as a batch of
+    one draw by variable name (Stan's CSV row 0).  A fit read back from disk has it stored."""
+    stored = getattr(fit, "_mean_row", None)
+    if stored is not None:
+        return {k: np.asarray(v) for k, v in stored.items()}
+    mu = np.asarray(fit.family.mean(np.asarray(fit.params)), dtype=float)[None, :]
+    try:
+        out = fit.target.constrain(mu, include_tp=True, include_gq=True, seed=fit.seed)
+    except TypeError:  # a target without the Stan keywords
+        out = fit.target.constrain(mu)
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def _mean_dataset(fit, posterior, user_dims, origin: int):
+    """``vi_mean``: every posterior variable at q's mean, constrained (Stan's CSV row 0), with
+    the posterior's dims and coordinates less ``chain`` and ``draw``."""
+    from xarray import Dataset  # noqa: PLC0415
+
+    try:
+        row = _regroup_flat(mean_row(fit))
+    except Exception:  # noqa: BLE001  (a target that cannot constrain: no mean row)
+        return Dataset(attrs={"description": "not available for this target"})
+    data_vars, coords = {}, {}
+    for name, arr in row.items():
+        value = np.asarray(arr)[0]
+        if posterior is not None and name in posterior.data_vars:
+            names = list(posterior[name].dims[2:])
+            for d in names:
+                coords[d] = posterior[d].values
+        else:
+            names = list((user_dims or {}).get(name, [f"{name}_dim_{i}"
+                                                      for i in range(value.ndim)]))
+            for d, size in zip(names, value.shape):
+                coords.setdefault(d, np.arange(origin, origin + size))
+        data_vars[name] = (names, value)
+    return Dataset(data_vars, coords=coords,
+                   attrs={"description": "the approximation's mean pushed through the "
+                                         "constraining transform (Stan CSV row 0)"})
+
+
+def _diagnostics_dataset(diag):
+    """``vi_diagnostics``: the log importance ratios of the diagnostic draws and the PSIS log
+    weights of the output draws, with the scalar diagnostics as attributes."""
+    from xarray import Dataset  # noqa: PLC0415
+
+    data_vars = {"log_weights": ("draw", np.asarray(diag.log_weights, dtype=float))}
+    if diag.log_ratios is not None:
+        data_vars["log_ratios"] = ("diagnostic_draw", np.asarray(diag.log_ratios, dtype=float))
+    attrs = {k: _attr_value(v) for k, v in diag.to_dict().items() if k != "warnings"}
+    attrs["warnings"] = json.dumps(list(diag.warnings))
+    return Dataset(data_vars, coords={"draw": np.arange(len(diag.log_weights))}, attrs=attrs)
 
 
 def log_g(fit) -> np.ndarray:

@@ -128,8 +128,10 @@ class Fit:
         return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v)))
 
     def summary(self, percentiles: tuple[float, ...] = (5, 50, 95)):
-        """A table (pandas DataFrame) of mean, sd and percentiles per scalar, one row per element
-        named like cmdstanpy (``beta[1]``, ``Sigma[2,1]``); see :func:`stanvi.summary.summary_table`."""
+        """A table (pandas DataFrame) of mean, sd and percentiles per scalar, computed with
+        arviz-stats, one row per element named like cmdstanpy (``beta[1]``, ``Sigma[2,1]``;
+        the DataTree's 1-based coordinates give ``arviz_stats.summary`` the same numbers);
+        non-finite draws are left out; see :func:`stanvi.summary.summary_table`."""
         from stanvi.summary import summary_table  # noqa: PLC0415
 
         return summary_table(self.draws, percentiles)

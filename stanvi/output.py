@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.arviz_io import _jsonable, log_g, save_netcdf, save_zarr
+from stanvi.arviz_io import _jsonable, log_g, mean_row, save_netcdf, save_zarr
 from stanvi.stan.names import element_labels
 
 STAN_COLUMNS = ("lp__", "log_p__", "log_g__")
@@ -52,17 +52,6 @@ def _flatten(draws: dict[str, np.ndarray]) -> np.ndarray:
     n = next(iter(draws.values())).shape[0] if draws else 0
     parts = [np.asarray(a, dtype=float).reshape(n, -1, order="F") for a in draws.values()]
     return np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
-
-
-def mean_row(fit) -> dict[str, np.ndarray]:
-    """The constrained transform of the approximation's mean (tp and gq included), as a batch of
-    one draw by variable name (Stan's row 0)."""
-    mu = np.asarray(fit.family.mean(np.asarray(fit.params)), dtype=float)[None, :]
-    try:
-        out = fit.target.constrain(mu, include_tp=True, include_gq=True, seed=fit.seed)
-    except TypeError:  # a target without the Stan keywords
-        out = fit.target.constrain(mu)
-    return {k: np.asarray(v) for k, v in out.items()}
 
 
 def _fmt(x: float, sig_figs: int | None) -> str:

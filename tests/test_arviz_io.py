@@ -116,17 +116,24 @@ def test_arviz_stats_summary_matches_numpy(tree, tp_gq_fit):
     assert table.loc["alpha", "mean"] == pytest.approx(tp_gq_fit.draws["alpha"].mean(), rel=1e-12)
     assert table.loc["sigma", "sd"] == pytest.approx(tp_gq_fit.draws["sigma"].std(ddof=1), rel=2e-3)
     mu = tp_gq_fit.draws["mu"].mean(axis=0)
-    for i in (0, 7, len(mu) - 1):
-        assert table.loc[f"mu[{i}]", "mean"] == pytest.approx(mu[i], rel=1e-12)
-    # and the fit's own summary agrees (1-based labels there, like cmdstanpy)
+    for i in (1, 8, len(mu)):        # Stan's 1-based coordinates: mu[1] is Stan's mu[1]
+        assert table.loc[f"mu[{i}]", "mean"] == pytest.approx(mu[i - 1], rel=1e-12)
+    assert f"mu[{len(mu)}]" in table.index and "mu[0]" not in table.index
+    # the fit's own summary has the same labels and values (issue 13 item 4)
     own = tp_gq_fit.summary()
-    assert own.loc["mu[8]", "mean"] == pytest.approx(table.loc["mu[7]", "mean"], rel=1e-12)
+    assert list(own.index) == list(table.index)
+    assert own.loc["mu[8]", "mean"] == pytest.approx(table.loc["mu[8]", "mean"], rel=1e-12)
+    # ArviZ's 0-based numbering on request
+    zero = arviz_stats.summary(tp_gq_fit.to_arviz(index_origin=0), kind="stats", round_to="none")
+    assert zero.loc["mu[0]", "mean"] == pytest.approx(mu[0], rel=1e-12)
+    assert list(tree["posterior"]["N"].values) == list(range(1, len(mu) + 1))
+    assert tree["posterior"]["draw"].values[0] == 0     # chain and draw keep ArviZ's numbering
 
 
 def test_arviz_plots_work_unchanged(tree, tmp_path):
     import arviz_plots  # noqa: PLC0415
 
-    pc = arviz_plots.plot_dist(tree, var_names=["alpha", "sigma", "mu"], coords={"N": [0, 1]})
+    pc = arviz_plots.plot_dist(tree, var_names=["alpha", "sigma", "mu"], coords={"N": [1, 2]})
     pc.savefig(tmp_path / "dist.png")
     pc = arviz_plots.plot_forest(tree, var_names=["mu"])
     pc.savefig(tmp_path / "forest.png")

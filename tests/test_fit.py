@@ -311,3 +311,26 @@ def test_a_fit_that_did_not_converge_warns_even_without_progress():
         warnings.simplefilter("error", stanvi.StanviWarning)
         fit = stanvi.fit(lp, dim=2, progress=False, draws=5, require_converged=True)
     assert fit.converged
+
+
+def test_summary_table_leaves_non_finite_draws_out():
+    """The table (arviz-stats' statistics) ignores ±inf and NaN draws: an element with none
+    finite is all NaN, one with a single finite draw has NaN sd."""
+    from stanvi.summary import summary_table  # noqa: PLC0415
+
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=200)
+    a[[3, 50]] = [np.inf, -np.inf]
+    one = np.full(200, np.nan)
+    one[7] = 2.5
+    table = summary_table({"a": a, "bad": np.full(200, np.inf), "one": one}, percentiles=(10, 90))
+    assert list(table.columns) == ["mean", "sd", "10%", "90%"]
+    ok = a[np.isfinite(a)]
+    assert table.loc["a", "mean"] == pytest.approx(ok.mean(), rel=1e-12)
+    assert table.loc["a", "sd"] == pytest.approx(ok.std(ddof=1), rel=1e-12)
+    np.testing.assert_allclose(table.loc["a", ["10%", "90%"]].to_numpy(float),
+                               np.percentile(ok, [10, 90]), rtol=1e-12)
+    assert table.loc["bad"].isna().all()
+    assert table.loc["one", "mean"] == 2.5 and np.isnan(table.loc["one", "sd"])
+    with pytest.raises(ValueError, match="percentiles"):
+        summary_table({"a": a}, percentiles=(5, 150))
