@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from stanvi.methods import advi, hfsgvi, jointcv, trustvi
+from stanvi.methods import advi, hfsgvi, jointcv, mlmcvi, trustvi
 
 METHODS: dict[str, ModuleType] = {"trustvi": trustvi, "advi": advi, "hfsgvi": hfsgvi,
-                                  "jointcv": jointcv}
+                                  "jointcv": jointcv, "mlmcvi": mlmcvi}
 """``stanvi.fit(method=name)`` → the module that implements it."""
 
 

@@ -1,0 +1,338 @@
+"""mlmcvi: Multilevel Monte Carlo variational inference (Fujisawa & Sato, *Multilevel Monte
+Carlo Variational Inference*, JMLR; specs/mlmcvi.md; docs/mlmcvi.md).
+
+The paper's Algorithm 1 in G-form (spec §2.5): SGD on F = −ELBO with the multilevel
+reparameterized gradient G_t of :mod:`stanvi.estimators.mlmc` (Lemma 1's running sum),
+step size α_t = α_0 η_t and level sizes N_t = ⌈η_{t−1} N_0⌉ from the scheduler
+(:mod:`stanvi.estimators.mlmc_schedule`; step decay by default, as every experiment of the
+paper).  A run to level T (``max_iters``) makes T + 1 updates, t = 0 … T; trace row k holds the
+iterate λ_k after update t = k − 1.  Cost: N_0 + 2 Σ_{t=1}^T N_t draw-level gradient evaluations.
+
+Also here, selectable by ``estimator``: the paper's baselines, plain reparameterized Monte Carlo
+(``"mc"``) and randomized QMC with scrambled Sobol' points (``"rqmc"``, spec §3.3), by default at
+the draws per iteration that make their cost equal to MLMC's over the same run
+(:func:`~stanvi.estimators.mlmc_schedule.equal_cost_draws`), with the same optimizer and
+schedule; and the [EXT] options of spec §3.2, all off by default: Adam fed with G (E1), periodic
+restarts (R1), Algorithm 2's truncation.
+
+**Caveat (spec §2.9).**  The faithful estimator never re-draws level 0, so its error, of mean
+square ≥ V_0/N_0, persists: the iterates settle at a stationary point of a randomly perturbed
+objective, and the excess free energy is about tr(H⁻¹Σ_0)/(2N_0).  The trace logs V̂_t, V̂_t/N_t
+and Acc_t (spec §2.7); with the log scale a coordinate whose accumulated error s.d. exceeds 1/3
+triggers the collapse-risk warning (spec §2.7, §7.6).  ``restart_every`` bounds the error's
+lifetime (not in the paper).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from stanvi.errors import StanviWarning, VIError
+from stanvi.estimators.elbo import GradientFailure
+from stanvi.estimators.mlmc import (SCALE_PARAMS, Coordinates, MultilevelGradient, plain_level,
+                                    replicate_estimates, variance_and_snr)
+from stanvi.estimators.mlmc_schedule import (SCHEDULERS, Scheduler, cost_ratio, equal_cost_draws,
+                                             low_cost_ok, mlmc_cost, sample_size)
+from stanvi.estimators.qmc import base_draws
+from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
+                                 compile_clock, iterate, purpose_key)
+from stanvi.methods.checks import divergence
+
+ESTIMATORS = ("mlmc", "mc", "rqmc")
+
+
+@dataclass(frozen=True)
+class Options:
+    """mlmcvi options.  Tags: [P] the paper (Fujisawa & Sato), [S] the spec's resolution
+    (specs/mlmcvi.md, section named), [EXT] an extension not in the paper, off by default,
+    [C] stanvi's choice."""
+
+    estimator: str = "mlmc"             # 'mlmc' | 'mc' | 'rqmc' (the paper's baselines) [P §5]
+    n0: int = 100                       # N_0, level-0 draws [P Table 3, §5.2; S §4]
+    baseline_draws: int | None = None   # draws per iteration for 'mc'/'rqmc'; None: equal cost
+                                        # with MLMC over the same run [S §2.9: N = 41]
+    scheduler: str = "step"             # 'step' | 'time' | 'exp' | 'constant' [P App. D]
+    beta: float = 0.5                   # decay β [P §5.2 Fashion-MNIST; S §4]
+    drop_every: int = 100               # step decay's drop period r [P §5.2; S §4]
+    lr0: float = 0.01                   # α_0 [P §5.2 grid top; S §4]; tune per model [P App. G]
+    optimizer: str = "sgd"              # 'sgd' [P: Lemma 1 needs SGD] | 'adam' [EXT E1; adam
+                                        # settings b1 0.9, b2 0.999, eps 1e-8: S AMB-14]
+    max_iters: int = 1000               # T, the last level: T + 1 updates [S AMB-11]
+    scale_param: str = "log"            # 'log' (s = e^ω) | 'direct' (the paper's v) [S AMB-2,
+                                        # §7.6: 'log' can collapse a scale under MLMC]
+    restart_every: int | None = None    # [EXT R1] fresh N_0-draw level 0 every this many levels
+    truncate: float | None = None       # Algorithm 2's box [−B, B]^D [P App. C; S §3.1]
+    init: str = "zero"                  # 'zero': m = 0 [S AMB-10] | 'random' (Stan's)
+    log_scale0: float = 0.0             # initial log scale ω_0 (s_0 = 1) [S AMB-10]
+    tol: float | None = None            # stop when ‖Δλ‖_∞ < tol (1 + ‖λ‖_∞) [S AMB-12]
+    patience: int = 10                  # … for this many consecutive iterations [S AMB-12]
+    elbo_every: int = 50                # ELBO every this many iterations [S §4]
+    elbo_draws: int = 2000              # fixed draws per ELBO estimate [P §5; S §4]
+    snr_every: int | None = None        # replicate variance / SNR every this many [P §5.2; S §2.7]
+    snr_reps: int = 100                 # replicates R for it [S §5.2: the paper used 1000]
+    max_failed: float = 0.1             # failed-draw fraction per level before 'failed' [S §7.4]
+    warn_cost: bool = True              # warn when MLMC costs more than MC with N = N_0 [S §2.3(d)]
+    fullrank_diagonal: str = "log"      # the full-rank family's storage (fit builds it) [C]
+
+    def __post_init__(self) -> None:
+        for name, choices in (("estimator", ESTIMATORS), ("scheduler", SCHEDULERS),
+                              ("optimizer", ("sgd", "adam")), ("scale_param", SCALE_PARAMS),
+                              ("init", ("zero", "random")),
+                              ("fullrank_diagonal", ("log", "stan"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"mlmcvi option {name}={getattr(self, name)!r} is not one of "
+                                 f"{list(choices)}")
+        for name in ("n0", "max_iters", "drop_every", "elbo_every", "elbo_draws", "snr_reps",
+                     "patience"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"mlmcvi option {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("baseline_draws", "restart_every", "snr_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"mlmcvi option {name} must be >= 1 or None, got {value}")
+        if not self.lr0 > 0:
+            raise ValueError(f"mlmcvi option lr0 must be > 0, got {self.lr0}")
+        if self.truncate is not None and not self.truncate > 0:
+            raise ValueError(f"mlmcvi option truncate must be > 0 or None, got {self.truncate}")
+        Scheduler(self.scheduler, self.beta, self.drop_every)   # checks beta
+
+    @property
+    def schedule(self) -> Scheduler:
+        return Scheduler(self.scheduler, self.beta, self.drop_every)
+
+
+PROFILES: dict[str, dict] = {
+    "paper": {},                                           # §5.2: SGD + step decay 0.5 / 100
+    "hlr": {"lr0": 0.027026, "beta": 0.862527, "drop_every": 221},       # Table 3, HLR
+    "blr": {"lr0": 0.007438, "beta": 0.226316, "drop_every": 458},       # Table 3, BLR
+    "restart": {"restart_every": 100},                     # [EXT R1], spec §3.2
+}
+DEFAULT_PROFILE = "paper"
+ESTIMATOR = "reparameterization"   # for the ELBO trace, the output draws and Fit.elbo(); the
+                                   # method's gradients come from stanvi.estimators.mlmc
+
+
+@dataclass
+class MLMCLedger(OracleLedger):
+    """The ledger of :class:`OracleLedger` (gradient draws priced as the TrustVI paper prices
+    them; docs/algorithms.md#oracle-calls), plus the model evaluations made only to monitor the
+    run (the ELBO trace, the replicate variance/SNR diagnostic), which are not charged to the
+    algorithm: ``monitor_log_density`` and ``monitor_gradient`` draws."""
+
+    monitor_log_density: int = 0
+    monitor_gradient: int = 0
+
+    def model_evaluations(self) -> dict[str, int]:
+        out = super().model_evaluations()
+        out["log_density"] += self.monitor_log_density
+        out["gradient"] += self.monitor_gradient
+        return out
+
+    def snapshot(self) -> dict[str, float]:
+        return {**super().snapshot(), "monitor_log_density": self.monitor_log_density,
+                "monitor_gradient": self.monitor_gradient}
+
+
+@dataclass
+class _Optimizer:
+    """SGD, θ − α_t G [P], or Adam fed with G at step size α_t [EXT E1; b1 = 0.9, b2 = 0.999,
+    eps = 1e-8, bias-corrected, AMB-14]."""
+
+    kind: str
+    m: np.ndarray | None = None
+    v: np.ndarray | None = None
+    t: int = 0
+
+    def step(self, theta: np.ndarray, g: np.ndarray, lr: float) -> np.ndarray:
+        if self.kind == "sgd":
+            return theta - lr * g
+        self.t += 1
+        b1, b2, eps = 0.9, 0.999, 1e-8
+        self.m = (1 - b1) * g if self.m is None else b1 * self.m + (1 - b1) * g
+        self.v = (1 - b2) * g * g if self.v is None else b2 * self.v + (1 - b2) * g * g
+        m_hat = self.m / (1 - b1 ** self.t)
+        v_hat = self.v / (1 - b2 ** self.t)
+        return theta - lr * m_hat / (np.sqrt(v_hat) + eps)
+
+
+class State(NamedTuple):
+    params: np.ndarray          # the family's parameters of θ (what the trace records)
+    theta: np.ndarray           # θ_k in the optimization coordinates
+    theta_prev: np.ndarray      # θ_{k−1}
+    G: np.ndarray | None        # the last gradient estimate (G_{k−1})
+
+
+def noise_source(rng: np.random.Generator, kind: str, dim: int):
+    """``draw(n) -> (n, D)`` base draws: i.i.d. normal for MLMC and MC, scrambled Sobol' for
+    RQMC (redraws of failed RQMC draws are i.i.d.: a fresh scrambled block each)."""
+    return lambda n: base_draws(kind, rng, n, dim)
+
+
+def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
+    o = options
+    sched = o.schedule
+    coords = Coordinates(family, o.scale_param)
+    seeds = np.asarray(jax.random.randint(purpose_key(key, 0, "gradient"), (3,), 0, 2 ** 31 - 1))
+    rng = np.random.default_rng(int(seeds[0]))
+    snr_rng = np.random.default_rng(int(seeds[1]))
+    eval_rng = np.random.default_rng(int(seeds[2]))
+    kind = "rqmc" if o.estimator == "rqmc" else "mc"
+    draw = noise_source(rng, kind, family.dim)
+    snr_draw = noise_source(snr_rng, kind, family.dim)
+    T = o.max_iters
+    baseline_n = o.baseline_draws or equal_cost_draws(sched, o.n0, T)
+    ratio = cost_ratio(sched, o.n0, T)
+    if o.estimator == "mlmc" and o.warn_cost and ratio > 1.0 and o.restart_every is None:
+        warnings.warn(f"mlmcvi: this schedule ({o.scheduler}, beta={o.beta:g}, "
+                      f"r={o.drop_every}, T={T}) costs {ratio:.2f}x plain MC with N = N_0 = "
+                      f"{o.n0} (spec 2.6: MLMC is cheaper only when the mean of eta over the run "
+                      f"is below about 1/2)", StanviWarning, stacklevel=3)
+
+    mu0, init_source = context.initial_mean(o.init)
+    params0 = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
+    theta0 = coords.from_family(params0)
+    ledger = MLMCLedger()
+    trace = Trace(compile_clock=compile_clock(context.estimator))
+    eval_eps = eval_rng.standard_normal((o.elbo_draws, family.dim))
+    timers = {"eval": 0.0}
+    est = context.estimator
+
+    def evaluate(params: np.ndarray) -> dict[str, float]:
+        t0 = time.perf_counter()
+        vals = np.asarray(est.values(params, eval_eps))
+        ledger.monitor_log_density += len(vals)
+        timers["eval"] += time.perf_counter() - t0
+        finite = np.isfinite(vals)
+        elbo = float(vals.mean()) if finite.all() else -np.inf
+        se = float(vals.std(ddof=1) / math.sqrt(len(vals))) if finite.all() and len(vals) > 1 \
+            else np.nan
+        return {"elbo": elbo, "elbo_se": se, "eval_time": timers["eval"]}
+
+    trace.record(0, params0, ledger, t=-1, **evaluate(params0))
+    mlrg = MultilevelGradient(target, coords, truncate=o.truncate, max_fail=o.max_failed)
+    opt = _Optimizer(o.optimizer)
+    counters = {"restarts": 0, "calm": 0, "collapse_warned": False, "redrawn": 0}
+
+    def charge(stats) -> None:
+        used = stats.evaluated - stats.redrawn
+        ledger.gradient(used)
+        if stats.redrawn:
+            ledger.redrawn(stats.redrawn)
+            counters["redrawn"] += stats.redrawn
+
+    def snr_row(state: State, t: int, n: int, restart: bool) -> dict[str, float]:
+        t0 = time.perf_counter()
+        if o.estimator == "mlmc" and t >= 1 and not restart:
+            reps, evaluated = replicate_estimates(
+                target, coords, theta=state.theta, theta_prev=state.theta_prev, base=state.G,
+                draw=snr_draw, n=n, reps=o.snr_reps, truncate=o.truncate)
+        else:
+            reps, evaluated = replicate_estimates(
+                target, coords, theta=state.theta, theta_prev=None, base=None, draw=snr_draw,
+                n=n, reps=o.snr_reps, truncate=o.truncate)
+        ledger.monitor_gradient += evaluated
+        timers["eval"] += time.perf_counter() - t0
+        return variance_and_snr(reps)
+
+    def step(state: State, k: int) -> StepOutcome:
+        t = k - 1                                   # the paper's iteration / level
+        eta = sched.eta(t)
+        alpha = o.lr0 * eta
+        restart = False
+        row: dict[str, Any] = {"t": t, "eta": eta, "alpha": alpha}
+        if o.snr_every is not None and t % o.snr_every == 0:
+            if o.estimator == "mlmc":
+                n_snr = o.n0 if t == 0 or (o.restart_every and t % o.restart_every == 0) \
+                    else sample_size(sched, t, o.n0)
+            else:
+                n_snr = baseline_n
+            row.update(snr_row(state, t, n_snr,
+                               bool(o.restart_every and t >= 1 and t % o.restart_every == 0)))
+        try:
+            if o.estimator != "mlmc":
+                stats = plain_level(target, coords, state.theta, draw, baseline_n,
+                                    truncate=o.truncate, max_fail=o.max_failed)
+                G = stats.mean
+                row.update(N=baseline_n, level_var=stats.var, cond_var=stats.cond_var,
+                           acc_var=stats.cond_var)
+            else:
+                if t == 0 or (o.restart_every is not None and t % o.restart_every == 0):
+                    restart = t > 0
+                    stats = mlrg.start(state.theta, draw, o.n0)
+                    counters["restarts"] += int(restart)
+                    n_t = o.n0
+                else:
+                    n_t = sample_size(sched, t, o.n0)
+                    stats = mlrg.add_level(state.theta, state.theta_prev, draw, n_t)
+                G = mlrg.G
+                row.update(N=n_t, level_var=stats.var, cond_var=stats.cond_var,
+                           acc_var=mlrg.acc, restart=restart)
+        except GradientFailure as exc:
+            ledger.gradient(exc.evaluated)
+            return StepOutcome(state, None, ("failed", f"mlmcvi: {exc} at iteration {t}"))
+        charge(stats)
+        if not np.all(np.isfinite(G)):
+            return StepOutcome(state, None, ("failed", f"non-finite gradient estimate at "
+                                                       f"iteration {t} (lr0 too large?)"))
+        new_theta = opt.step(state.theta, G, alpha)
+        new_params = coords.to_family(new_theta)
+        if not np.all(np.isfinite(new_params)) or divergence(family, new_params):
+            return StepOutcome(state, None, ("failed", f"the iterate ran away at iteration {t} "
+                                                       f"(lr0 {o.lr0:g} too large?)"))
+        step_norm = float(np.linalg.norm(new_theta - state.theta))
+        row.update(grad_norm=float(np.linalg.norm(G)), step_norm=step_norm)
+        if o.estimator == "mlmc" and o.scale_param == "log" and mlrg.acc_coord is not None \
+                and not counters["collapse_warned"]:
+            sd = np.sqrt(np.nan_to_num(mlrg.acc_coord[coords.scale_index()]))
+            if sd.max() > 1.0 / 3.0:
+                counters["collapse_warned"] = True
+                counters["collapse_t"] = t
+                warnings.warn(f"mlmcvi: the accumulated gradient error of a log-scale "
+                              f"coordinate has s.d. {sd.max():.2f} > 1/3 at iteration {t}: its "
+                              f"scale may collapse (specs/mlmcvi.md 2.9); consider "
+                              f"restart_every=100, scale_param='direct' or a larger n0",
+                              StanviWarning, stacklevel=4)
+        if k % o.elbo_every == 0 or k == T + 1:
+            row.update(evaluate(new_params))
+        stop = None
+        if o.tol is not None:
+            scale = 1.0 + float(np.max(np.abs(state.theta)))
+            counters["calm"] = counters["calm"] + 1 if \
+                float(np.max(np.abs(new_theta - state.theta))) < o.tol * scale else 0
+            if counters["calm"] >= o.patience:
+                stop = ("converged", f"parameter change below tol={o.tol:g} for "
+                                     f"{o.patience} iterations")
+        return StepOutcome(State(new_params, new_theta, state.theta, G.copy()), row, stop)
+
+    state0 = State(params0, theta0, theta0, None)
+    state, k, status, message = iterate(step, state0, max_iters=T + 1, trace=trace,
+                                        ledger=ledger, context=context)
+    if status == "max_iters":
+        message = f"reached level T={T} ({T + 1} updates)"
+    if len(trace.rows) > 1 and "elbo" not in trace.rows[-1]:
+        trace.rows[-1].update(evaluate(state.params))
+    info = {"estimator": o.estimator, "scale_param": o.scale_param, "init": init_source,
+            "n0": o.n0, "scheduler": o.scheduler, "beta": o.beta, "drop_every": o.drop_every,
+            "lr0": o.lr0, "optimizer": o.optimizer, "restarts": counters["restarts"],
+            "eval_seconds": timers["eval"], "redrawn_draws": counters["redrawn"],
+            "planned_cost": mlmc_cost(sched, o.n0, T) if o.estimator == "mlmc"
+            else baseline_n * (T + 1),
+            "cost_ratio_vs_mc_n0": ratio, "low_cost_ok": low_cost_ok(sched, o.n0, T),
+            "gradient_draws": ledger.gradient_draws}
+    if o.estimator != "mlmc":
+        info["baseline_draws"] = baseline_n
+    else:
+        info["accumulated_error_var"] = mlrg.acc
+        if counters["collapse_warned"]:
+            info["collapse_risk_iteration"] = counters["collapse_t"]
+    if status == "failed" and not np.all(np.isfinite(state.params)):
+        raise VIError(f"mlmcvi: {message}")
+    return MethodResult(params=state.params, trace=trace, ledger=ledger, status=status,
+                        message=message, info=info)
