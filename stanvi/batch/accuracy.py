@@ -28,7 +28,7 @@ import numpy as np
 
 from stanvi.stan.names import element_labels
 
-__all__ = ["marginal_accuracy", "labelled_draws", "reference_unconstrained"]
+__all__ = ["marginal_accuracy", "labelled_draws", "reference_unconstrained", "read_reference_npz"]
 
 
 def labelled_draws(variables: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -108,3 +108,12 @@ def reference_unconstrained(target, reference: Mapping[str, np.ndarray]
             return None, f"reference draw {i + 1} cannot be unconstrained: {exc}"
     names = list(target.unconstrained_names)
     return {name: rows[:, j] for j, name in enumerate(names)}, ""
+
+
+def read_reference_npz(path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(constrained, unconstrained) reference draws by label, as the batch's compile task saved
+    them (``c:<label>`` and ``u:<label>`` arrays; the unconstrained ones may be absent)."""
+    with np.load(path) as npz:
+        constrained = {k[2:]: npz[k] for k in npz.files if k.startswith("c:")}
+        unconstrained = {k[2:]: npz[k] for k in npz.files if k.startswith("u:")}
+    return constrained, unconstrained

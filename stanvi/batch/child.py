@@ -142,7 +142,8 @@ def _protocol_summary(result, job: dict) -> dict[str, Any]:
 
 
 def fit_job(job: dict) -> dict[str, Any]:
-    from stanvi.batch.accuracy import labelled_draws, marginal_accuracy  # noqa: PLC0415
+    from stanvi.batch.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
+                                       read_reference_npz)
     from stanvi.batch.discover import load_data  # noqa: PLC0415
     from stanvi.batch.reference_job import REFERENCE_METHODS, reference_fit_job  # noqa: PLC0415
     from stanvi.fit import fit  # noqa: PLC0415
@@ -178,9 +179,7 @@ def fit_job(job: dict) -> dict[str, Any]:
         **protocol}
     ref_path = job.get("reference_npz")
     if ref_path and Path(ref_path).is_file():
-        with np.load(ref_path) as npz:
-            ref_c = {k[2:]: npz[k] for k in npz.files if k.startswith("c:")}
-            ref_u = {k[2:]: npz[k] for k in npz.files if k.startswith("u:")}
+        ref_c, ref_u = read_reference_npz(ref_path)
         record["accuracy"] = {"constrained": marginal_accuracy(
             labelled_draws(result.stan_variables()), ref_c)}
         if ref_u:

@@ -54,7 +54,7 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
     import jax  # noqa: PLC0415
 
     from stanvi.batch.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
-                                       reference_unconstrained)
+                                       read_reference_npz, reference_unconstrained)
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
     from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
@@ -95,17 +95,20 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
     draws_by_label = labelled_draws(fit.stan_variables())
     unconstrained, why = reference_unconstrained(target, draws_by_label)
     if method == "stan-advi":
-        eps = standard_normal(jax.random.PRNGKey(seed), n_elbo, target.dim)
-        common = standard_normal(jax.random.PRNGKey(runs_common_seed), n_elbo, target.dim)
-        try:
-            (elbo, elbo_se), (final, _) = stan_advi_elbo(fit, target, [eps, common])
-            record.update(elbo=elbo, elbo_se=elbo_se, final_elbo=final)
-        except ValueError as exc:
-            record["message"] = f"ELBO not computed: {exc}"
         trace = fit.elbo_trace
         record["iterations"] = int(trace[-1, 0]) if trace.size else 0
         record["trace"] = [{"iteration": int(i), "run_time": float(t), "elbo": float(e)}
                            for i, t, e in trace]
+        eps = standard_normal(jax.random.PRNGKey(seed), n_elbo, target.dim)
+        common = standard_normal(jax.random.PRNGKey(runs_common_seed), n_elbo, target.dim)
+        try:
+            if unconstrained is None:
+                raise ValueError(why)
+            (elbo, elbo_se), (final, _) = stan_advi_elbo(fit, target, [eps, common],
+                                                         unconstrained)
+            record.update(elbo=elbo, elbo_se=elbo_se, final_elbo=final)
+        except ValueError as exc:
+            record["message"] = f"ELBO not computed: {exc}"
     if fit.algorithm == "pathfinder":
         ratio = fit.log_p - fit.log_q
         ratio = ratio[np.isfinite(ratio)]
@@ -121,9 +124,7 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
         record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess)
     ref_path = job.get("reference_npz")
     if ref_path:
-        with np.load(ref_path) as npz:
-            ref_c = {k[2:]: npz[k] for k in npz.files if k.startswith("c:")}
-            ref_u = {k[2:]: npz[k] for k in npz.files if k.startswith("u:")}
+        ref_c, ref_u = read_reference_npz(ref_path)
         record["accuracy"] = {"constrained": marginal_accuracy(draws_by_label, ref_c)}
         if ref_u and unconstrained is not None:
             record["accuracy"]["unconstrained"] = marginal_accuracy(unconstrained, ref_u)

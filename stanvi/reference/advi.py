@@ -146,16 +146,20 @@ def gaussian_elbo(target, mu: np.ndarray, chol: np.ndarray, eps: np.ndarray
     return float(lp.mean() + entropy), float(lp.std(ddof=1) / np.sqrt(len(lp)))
 
 
-def stan_advi_elbo(fit: ReferenceFit, target, eps_sets: list[np.ndarray]
+def stan_advi_elbo(fit: ReferenceFit, target, eps_sets: list[np.ndarray],
+                   unconstrained: dict[str, np.ndarray] | None = None
                    ) -> list[tuple[float, float]]:
     """The ELBO of the Gaussian Stan's ADVI fitted (:func:`stan_advi_gaussian`) at each set of
     base draws in ``eps_sets``, computed as stanvi computes its own fits' ELBO.  ``target``: a
-    :class:`~stanvi.targets.stan_target.StanTarget` of the same model and data."""
+    :class:`~stanvi.targets.stan_target.StanTarget` of the same model and data;
+    ``unconstrained``: the draws already mapped to unconstrained space, by unconstrained name
+    (computed here when not given)."""
     from stanvi.batch.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
 
-    unconstrained, why = reference_unconstrained(target, labelled_draws(fit.draws))
     if unconstrained is None:
-        raise ValueError(f"cannot map Stan's ADVI draws to unconstrained space: {why}")
+        unconstrained, why = reference_unconstrained(target, labelled_draws(fit.draws))
+        if unconstrained is None:
+            raise ValueError(f"cannot map Stan's ADVI draws to unconstrained space: {why}")
     zeta = np.column_stack([unconstrained[n] for n in target.unconstrained_names])
     mu = target.unconstrain(fit.mean)
     chol = stan_advi_gaussian(fit, zeta, mu)

@@ -1,7 +1,6 @@
 """ctypes bindings of the services library (``stanvi/stan/glue/stanvi_services.cpp``).
 
-One function, :func:`run_service`, runs one of Stan's algorithms on a model and returns a
-:class:`RawRun`: the draws Stan wrote (column names and a row-major matrix), the diagnostic rows
+:meth:`ServicesLib.call` runs one of Stan's algorithms on a model and returns a :class:`RawRun`: the draws Stan wrote (column names and a row-major matrix), the diagnostic rows
 (ADVI's ELBO trace), the logger's messages and the counting model's evaluation counts.  The
 algorithm-specific modules (:mod:`.nuts`, :mod:`.advi`, :mod:`.pathfinder`) build on it.
 """
