@@ -48,15 +48,22 @@ def compile(path: str | os.PathLike, *, progress: bool = True, force: bool = Fal
     return compile_model(path, progress=progress, force=force).library
 
 
-def load(model: str | os.PathLike | CompiledModel, data: DataLike = None, *, seed: int = 0,
-         threads: int | None = None, progress: bool = True, hvp_method: str = "auto") -> StanTarget:
+def load_model(model: str | os.PathLike | CompiledModel, data: DataLike = None, *,
+               seed: int = 0, threads: int | None = None, progress: bool = True,
+               hvp_method: str = "auto") -> StanTarget:
     """A :class:`StanTarget` for a `.stan` file (compiled if needed) or a compiled library
-    (``hvp_method``: see :class:`StanTarget`)."""
+    (``hvp_method``: see :class:`StanTarget`).  To read a saved *fit*, use :func:`read`."""
     return StanTarget(model, data, seed=seed, threads=threads, progress=progress,
                       hvp_method=hvp_method)
 
 
+#: The former name of :func:`load_model` (kept: it loads a model, not results; see :func:`read`).
+load = load_model
+
+from stanvi.saved import SavedFit, read  # noqa: E402
+
+
 __all__ = ["CompiledModel", "Fit", "fit", "JaxTarget", "ModelEvaluationError",
            "NotConvergedError", "NotConvergedWarning", "StanCompileError", "StanDataError",
-           "StanTarget", "StanviError", "StanviWarning", "ToolchainError", "VIError", "compile",
-           "load", "__version__"]
+           "SavedFit", "StanTarget", "StanviError", "StanviWarning", "ToolchainError", "VIError",
+           "compile", "load", "load_model", "read", "__version__"]

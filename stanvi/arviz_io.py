@@ -321,6 +321,9 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
         raise TypeError(f"index_origin must be an integer (1: Stan's numbering, 0: ArviZ's), "
                         f"got {index_origin!r}")
     attrs = fit_attrs(fit, diag)
+    if ll_map or pp_map:   # {group: {name in the group: Stan name}}, for reading the fit back
+        attrs["moved_variables"] = json.dumps({"log_likelihood": ll_map,
+                                               "posterior_predictive": pp_map})
     data_dims = {k: v for k, v in all_dims.items() if "::" not in k}
     tree_groups = {}
     for gname, values in groups.items():

@@ -112,33 +112,69 @@ def _group_spec(values: list[str] | None):
     return spec
 
 
+def _init_value(text: str | None):
+    """``--init``: 'zero', 'random', or a JSON file of constrained parameter values (read here,
+    before the fit, so a bad file is named at once)."""
+    if text is None or text in ("zero", "random"):
+        return text
+    path = Path(text)
+    if not path.is_file():
+        raise FileNotFoundError(f"--init {text}: expected 'zero', 'random' or a JSON file of "
+                                f"initial parameter values; no such file")
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--init {text} is not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--init {text} must hold a JSON object of parameter values by name, "
+                         f"as CmdStan's init file does")
+    return values
+
+
+def _default_name(model: Path, args: argparse.Namespace) -> str:
+    """``MODEL-METHOD-FAMILY-seedSEED`` (as :func:`stanvi.output.default_basename` names it),
+    known before the fit so that the output can be checked first."""
+    stem = model.stem.removeprefix("lib") if model.suffix != ".stan" else model.stem
+    return f"{stem}-{args.method}-{args.family}-seed{args.seed}"
+
+
 def _cmd_fit(args: argparse.Namespace) -> int:
+    import logging  # noqa: PLC0415
     import warnings  # noqa: PLC0415
 
+    from stanvi.fit import check_seed  # noqa: PLC0415
     from stanvi.fit import fit as stanvi_fit  # noqa: PLC0415
+    from stanvi.log import get_logger  # noqa: PLC0415
+    from stanvi.output import check_writable  # noqa: PLC0415
 
     model = Path(args.model)
     if not model.exists():
         raise FileNotFoundError(f"model file not found: {model}")
     if args.data is not None and not Path(args.data).is_file():
         raise FileNotFoundError(f"data file not found: {args.data}")
-    if Path(args.output).exists() and not Path(args.output).is_dir():
-        raise FileExistsError(f"--output {args.output} is an existing file; give a directory "
-                              f"(it is created if needed)")
-    options = dict(args.option or [])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fit = stanvi_fit(str(model), args.data, method=args.method, family=args.family,
-                         seed=args.seed, profile=args.profile, draws=args.draws,
-                         init=args.init, max_oracle_calls=args.max_oracle_calls,
-                         hvp_method=args.hvp_method, progress=not args.quiet, **options)
-    method_warnings = list(dict.fromkeys(str(w.message) for w in caught))
+    check_seed(args.seed)
+    init = _init_value(args.init)
     out_dir = Path(args.output)
-    base = args.name or f"{fit.target.name}-{fit.method}"
+    base = args.name or _default_name(model, args)
+    check_writable(out_dir, base, zarr=args.zarr, overwrite=args.overwrite)  # before the fit
+    options = dict(args.option or [])
+    fit_logger = get_logger("fit")
+    level = fit_logger.level
+    fit_logger.setLevel(logging.WARNING)   # the verdict is printed once, with the diagnostics
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fit = stanvi_fit(str(model), args.data, method=args.method, family=args.family,
+                             seed=args.seed, profile=args.profile, draws=args.draws,
+                             init=init, max_oracle_calls=args.max_oracle_calls,
+                             hvp_method=args.hvp_method, progress=not args.quiet, **options)
+    finally:
+        fit_logger.setLevel(level)
+    method_warnings = list(dict.fromkeys(str(w.message) for w in caught))
     tree_kwargs = {"log_likelihood": _group_spec(args.log_likelihood),
                    "posterior_predictive": _group_spec(args.posterior_predictive)}
     paths = fit.save(out_dir, basename=base, zarr=args.zarr, data_file=args.data,
-                     tree_kwargs=tree_kwargs)
+                     tree_kwargs=tree_kwargs, overwrite=args.overwrite)
 
     import pandas as pd  # noqa: PLC0415
 
@@ -202,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="variational method (default: trustvi)")
     p.add_argument("--family", default="meanfield", choices=["meanfield", "fullrank"],
                    help="variational family (default: meanfield)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed, 0 to 4294967295 (default: 0)")
     p.add_argument("--hvp-method", choices=["auto", "exact", "finite_difference"], default=None,
                    help="Hessian-vector products of the Stan model: nested autodiff ('exact'), "
                         "central differences of gradients, or 'auto' (default: decided once per "
@@ -212,9 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "method's default profile; see docs/methods.md)")
     p.add_argument("--draws", type=_positive_int, default=1000,
                    help="number of output draws from the approximation (default: 1000)")
-    p.add_argument("--init", default=None, choices=["zero", "random"],
-                   help="initial mean: 'zero' or 'random' (Stan's uniform(-2, 2)); default: the "
-                        "method's rule")
+    p.add_argument("--init", default=None, metavar="zero|random|FILE.json",
+                   help="initial mean: 'zero', 'random' (Stan's uniform(-2, 2)), or a JSON file "
+                        "of constrained parameter values by name, as CmdStan's init file; "
+                        "default: the method's rule")
     p.add_argument("--max-oracle-calls", type=float, default=None,
                    help="budget in scaled oracle calls; the fit stops with status 'budget'")
     p.add_argument("--option", action="append", type=_parse_option, metavar="NAME=VALUE",
@@ -223,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=".",
                    help="directory for the output files (default: the current directory)")
     p.add_argument("--name", default=None,
-                   help="base name of the output files (default: MODEL-METHOD)")
+                   help="base name of the output files (default: MODEL-METHOD-FAMILY-seedSEED)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing output files (default: an existing file is an error, "
+                        "reported before the fit starts)")
     p.add_argument("--zarr", action="store_true",
                    help="also write the DataTree as a Zarr store (needs the zarr package)")
     p.add_argument("--log-likelihood", action="append", metavar="[OBS=]GQ",

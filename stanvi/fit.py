@@ -156,7 +156,9 @@ class Fit:
 
     def save(self, directory, **kwargs):
         """Write the Stan CSV, the NetCDF DataTree, the summary and the diagnostics to
-        ``directory`` (:func:`stanvi.output.save`); returns the paths."""
+        ``directory`` as ``MODEL-METHOD-FAMILY-seedSEED.*`` (:func:`stanvi.output.save`: an
+        existing file is an error unless ``overwrite=True``); returns the paths.
+        :func:`stanvi.read` reads the fit back."""
         from stanvi.output import save  # noqa: PLC0415
 
         return save(self, directory, **kwargs)
@@ -377,12 +379,13 @@ def not_converged_text(fit_result: Fit) -> str:
 
 
 def _report_diagnostics(fit_result: Fit, progress: bool) -> None:
-    """Compute and store the diagnostics; print the one-line verdict (issue P1-3)."""
-    import sys  # noqa: PLC0415
+    """Compute and store the diagnostics; log the one-line verdict (issue P1-3) at INFO on the
+    ``stanvi.fit`` logger (:mod:`stanvi.log`: shown on stderr as ``stanvi: ...`` by default)."""
+    from stanvi.log import get_logger  # noqa: PLC0415
 
     diag = fit_result.diagnostics()
     if progress:
-        print(f"stanvi: {diag.one_line()}", file=sys.stderr)
+        get_logger("fit").info(diag.one_line())
 
 
 def make_fit(target: Target, family, result: MethodResult, *, method: str, profile: str, options,

@@ -29,6 +29,7 @@ Stan CSV layout:
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +199,9 @@ def write_csv(fit, path, *, sig_figs: int | None = None, data_file: str | None =
     n = int(np.shape(fit.log_p)[0])
     body = np.empty((n + 1, len(columns)))
     body[0, :3] = 0.0
-    body[0, 3:] = _flatten(mean_row(fit))[0] if draws else []
+    if draws:
+        mean = mean_row(fit)
+        body[0, 3:] = _flatten({k: mean[k] for k in draws})[0]
     body[1:, 0] = 0.0
     body[1:, 1] = np.asarray(fit.log_p, dtype=float)
     body[1:, 2] = log_g(fit)
@@ -231,25 +234,71 @@ def read_csv(path) -> tuple[list[str], np.ndarray, np.ndarray]:
     return header.split(","), data[0], data[1:]
 
 
-def save(fit, directory, *, basename: str | None = None, zarr: bool = False,
-         data_file: str | None = None, tree_kwargs: dict[str, Any] | None = None) -> dict[str, Path]:
-    """Write a fit to ``directory``: ``<name>.csv`` (Stan CSV), ``<name>.nc`` (the ArviZ DataTree
-    as NetCDF), ``<name>.zarr`` when ``zarr=True`` (needs the zarr package), ``<name>_summary.csv``
-    (the summary table) and ``<name>_diagnostics.txt``.  Returns the paths by kind."""
-    from stanvi.arviz_io import to_datatree  # noqa: PLC0415
+def default_basename(fit) -> str:
+    """``MODEL-METHOD-FAMILY-seedSEED``, e.g. ``eight_schools_noncentered-trustvi-meanfield-seed1``:
+    runs that differ in method, family or seed get different files."""
+    return (f"{getattr(fit.target, 'name', '') or 'model'}-{fit.method}-{fit.family_name}"
+            f"-seed{fit.seed}")
 
+
+def output_paths(directory, base: str, *, zarr: bool = False) -> dict[str, Path]:
+    """The files :func:`save` writes for ``base`` in ``directory``, by kind."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    base = basename or f"{getattr(fit.target, 'name', 'model')}-{fit.method}"
-    tree = to_datatree(fit, **(tree_kwargs or {}))  # first: it validates tree_kwargs
-    paths: dict[str, Path] = {}
-    paths["csv"] = write_csv(fit, directory / f"{base}.csv", data_file=data_file)
-    paths["netcdf"] = save_netcdf(tree, directory / f"{base}.nc")
+    paths = {"csv": directory / f"{base}.csv", "netcdf": directory / f"{base}.nc"}
     if zarr:
-        paths["zarr"] = save_zarr(tree, directory / f"{base}.zarr")
+        paths["zarr"] = directory / f"{base}.zarr"
     paths["summary"] = directory / f"{base}_summary.csv"
+    paths["diagnostics"] = directory / f"{base}_diagnostics.txt"
+    return paths
+
+
+def check_writable(directory, base: str, *, zarr: bool = False, overwrite: bool = False) -> None:
+    """Raise before any work is done when :func:`save` could not write: ``directory`` is a file
+    or not writable (FileExistsError / PermissionError), or (without ``overwrite``) one of the
+    files exists (FileExistsError naming it)."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise FileExistsError(f"output directory {directory} is an existing file; give a "
+                              f"directory (it is created if needed)")
+    probe = directory
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write to {directory}: {probe} is not a writable "
+                              f"directory")
+    if not overwrite:
+        existing = [p for p in output_paths(directory, base, zarr=zarr).values() if p.exists()]
+        if existing:
+            raise FileExistsError(f"{existing[0]} exists; pass overwrite=True (stanvi fit: "
+                                  f"--overwrite) to replace it, or choose another basename "
+                                  f"(--name)")
+
+
+def save(fit, directory, *, basename: str | None = None, zarr: bool = False,
+         data_file: str | None = None, tree_kwargs: dict[str, Any] | None = None,
+         overwrite: bool = False) -> dict[str, Path]:
+    """Write a fit to ``directory``: ``<name>.csv`` (Stan CSV), ``<name>.nc`` (the ArviZ DataTree
+    as NetCDF, which :func:`stanvi.read` reads back), ``<name>.zarr`` when ``zarr=True`` (needs
+    the zarr package), ``<name>_summary.csv`` (the summary table) and
+    ``<name>_diagnostics.txt``.  Returns the paths by kind.
+
+    Args:
+        basename: ``<name>``; default :func:`default_basename` (model, method, family, seed).
+        data_file: the data file named in the CSV (default: the one the fit was given).
+        tree_kwargs: options of :func:`stanvi.arviz_io.to_datatree`.
+        overwrite: replace existing files; by default an existing file is an error
+            (FileExistsError), raised before anything is written.
+    """
+    directory = Path(directory)
+    base = basename or default_basename(fit)
+    check_writable(directory, base, zarr=zarr, overwrite=overwrite)
+    tree = fit.to_arviz(**(tree_kwargs or {}))  # first: it validates tree_kwargs
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = output_paths(directory, base, zarr=zarr)
+    write_csv(fit, paths["csv"], data_file=data_file)
+    save_netcdf(tree, paths["netcdf"])
+    if zarr:
+        save_zarr(tree, paths["zarr"])
     fit.summary().to_csv(paths["summary"])
-    if hasattr(fit, "diagnostics"):
-        paths["diagnostics"] = directory / f"{base}_diagnostics.txt"
-        paths["diagnostics"].write_text(str(fit.diagnostics()) + "\n")
+    paths["diagnostics"].write_text(str(fit.diagnostics()) + "\n")
     return paths

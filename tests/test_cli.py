@@ -55,8 +55,8 @@ def test_fit_end_to_end(bernoulli_compiled, tmp_path):
     out = proc.stdout
     assert "theta" in out and "mean" in out  # the summary table
     assert "Pareto k-hat" in out and "verdict" in out  # the diagnostics
-    csv = tmp_path / "bernoulli-advi.csv"
-    nc = tmp_path / "bernoulli-advi.nc"
+    csv = tmp_path / "bernoulli-advi-meanfield-seed3.csv"
+    nc = tmp_path / "bernoulli-advi-meanfield-seed3.nc"
     assert csv.exists() and nc.exists()
     header, data = stanio.read_csv(str(csv))
     assert header.split(",") == ["lp__", "log_p__", "log_g__", "theta"]
@@ -157,3 +157,46 @@ def test_bad_options_messages(bernoulli_compiled, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--draws" in err and "at least 1" in err
+
+
+# ------------------------------------------------------------------ issue 13 item 9
+def test_fit_prints_the_verdict_once_and_refuses_to_overwrite_before_fitting(
+        bernoulli_compiled, tmp_path):
+    args = ("fit", stan_file("bernoulli"), "--data", data_file("bernoulli"), "--seed", "1",
+            "--output", tmp_path)
+    proc = run_cli(*args)                       # not --quiet: progress and messages allowed
+    assert proc.returncode == 0, proc.stderr
+    both = proc.stdout + proc.stderr
+    assert both.count("Pareto k-hat") == 1 and both.count("verdict:") == 1
+    assert (tmp_path / "bernoulli-trustvi-meanfield-seed1.nc").exists()
+    again = run_cli(*args, "--quiet")
+    assert again.returncode == 1 and again.stdout == ""      # refused before any fit output
+    assert "bernoulli-trustvi-meanfield-seed1.csv exists" in error_line(again)
+    assert "--overwrite" in error_line(again)
+    assert run_cli(*args, "--quiet", "--overwrite").returncode == 0
+
+
+def test_init_from_a_json_file(bernoulli_compiled, tmp_path, capsys):
+    """--init FILE.json takes constrained values by name, as CmdStan's init file does."""
+    from stanvi.cli import main  # noqa: PLC0415
+
+    init = tmp_path / "init.json"
+    init.write_text(json.dumps({"theta": 0.9}))
+    base = ["fit", str(stan_file("bernoulli")), "--data", str(data_file("bernoulli")), "--quiet",
+            "--method", "advi", "--option", "max_iterations=200", "--output", str(tmp_path)]
+    assert main([*base, "--init", str(init)]) == 0
+    tree = load_datatree(tmp_path / "bernoulli-advi-meanfield-seed0.nc")
+    import stanvi  # noqa: PLC0415
+
+    fit = stanvi.fit(str(stan_file("bernoulli")), str(data_file("bernoulli")), method="advi",
+                     init={"theta": 0.9}, progress=False, max_iterations=200)
+    np.testing.assert_allclose(fit.trace.params_at(0)[0], np.log(0.9 / 0.1), rtol=1e-12)
+    np.testing.assert_array_equal(tree["posterior"]["theta"].values[0], fit.draws["theta"])
+    capsys.readouterr()
+    missing = tmp_path / "nope.json"
+    assert main([*base, "--init", str(missing), "--name", "x"]) == 1
+    assert "--init" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert main([*base, "--init", str(bad), "--name", "y"]) == 1
+    assert "JSON object" in capsys.readouterr().err

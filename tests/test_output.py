@@ -164,3 +164,62 @@ def test_cmdstanpy_reads_an_advi_fit_with_its_adapted_eta(compiled, tmp_path):
     assert config["grad_samples"] == 1 and config["elbo_samples"] == 100
     # the fit was given the data as a path: the CSV names it
     assert config["data_file"] == str(data_file("bernoulli").resolve())
+
+
+# ------------------------------------------------------------------ saving and reading back
+def test_save_read_round_trip(fit, tmp_path):
+    """stanvi.read gives back the draws, log p / log q, unconstrained draws, variational
+    parameters, trace, oracle counts, options and diagnostics of the saved fit."""
+    paths = fit.save(tmp_path)
+    assert paths["netcdf"].name == "tp_gq-trustvi-meanfield-seed4.nc"
+    back = stanvi.read(paths["netcdf"])
+    assert isinstance(back, stanvi.SavedFit) and isinstance(back, stanvi.Fit)
+    assert (back.method, back.family_name, back.profile, back.seed, back.status, back.message) == (
+        fit.method, fit.family_name, fit.profile, fit.seed, fit.status, fit.message)
+    assert list(back.draws) == list(fit.draws)
+    for name in fit.draws:
+        np.testing.assert_array_equal(back.stan_variable(name), fit.draws[name])
+    np.testing.assert_array_equal(back.log_p, fit.log_p)
+    np.testing.assert_array_equal(back.log_q, fit.log_q)
+    np.testing.assert_array_equal(back.unconstrained_draws, fit.unconstrained_draws)
+    np.testing.assert_array_equal(back.params, fit.params)
+    np.testing.assert_allclose(back.mean, fit.mean, rtol=1e-15)
+    np.testing.assert_allclose(back.covariance, fit.covariance, rtol=1e-15)
+    assert back.options == fit.options and back.oracle == fit.oracle
+    assert len(back.trace) == len(fit.trace)
+    for col in ("elbo", "oracle_scaled", "wall_time"):
+        np.testing.assert_array_equal(back.trace.column(col), fit.trace.column(col))
+    np.testing.assert_array_equal(back.trace.params_at(len(back.trace) - 1), fit.params)
+    d0, d1 = fit.diagnostics(), back.diagnostics()
+    assert d1.to_dict() == d0.to_dict()
+    np.testing.assert_array_equal(d1.log_weights, d0.log_weights)
+    np.testing.assert_array_equal(d1.log_ratios, d0.log_ratios)
+    assert back.summary().equals(fit.summary())
+    assert back.info["data_source"] == str(data_file("tp_gq").resolve())
+    assert back.target.name == "tp_gq" and back.target.dim == fit.target.dim
+    np.testing.assert_array_equal(back.target.data_dict()["y"], data_dict("tp_gq")["y"])
+    # the CSV beside it, or the directory, name the same fit; saving it again gives the same CSV
+    assert stanvi.read(paths["csv"]).seed == 4 and stanvi.read(tmp_path).seed == 4
+    again = back.save(tmp_path / "again")
+    assert again["csv"].read_text() == paths["csv"].read_text()
+    with pytest.raises(stanvi.StanviError, match="cannot draw fresh ELBO"):
+        back.elbo()
+
+
+def test_save_refuses_to_overwrite(fit, tmp_path):
+    paths = fit.save(tmp_path)
+    before = paths["csv"].read_text()
+    with pytest.raises(FileExistsError, match=r"seed4\.csv exists; pass overwrite=True"):
+        fit.save(tmp_path)
+    fit.save(tmp_path, overwrite=True)
+    assert paths["csv"].read_text() == before
+    with pytest.raises(FileExistsError, match="is an existing file"):
+        fit.save(paths["csv"])
+
+
+def test_read_names_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no saved fit"):
+        stanvi.read(tmp_path / "nope.nc")
+    (tmp_path / "x.csv").write_text("lp__\n")
+    with pytest.raises(FileNotFoundError, match="x.nc"):
+        stanvi.read(tmp_path / "x.csv")
