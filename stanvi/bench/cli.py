@@ -15,7 +15,7 @@ def add_bench_parser(sub) -> None:
     """Add ``bench`` to the ``stanvi`` command's subparsers ``sub``."""
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
-                                    "coldstart", "fullrank", "jointcv", "peers"],
+                                    "coldstart", "fullrank", "jointcv", "peers", "mlmcvi"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -25,7 +25,9 @@ def add_bench_parser(sub) -> None:
                         "jointcv: joint control variate vs naive/cv/inc on simulated logistic "
                         "regressions (variance decomposition, ELBO curves, Stan vs JAX); "
                         "peers: TrustVI vs Stan's own ADVI and Pathfinder (single, multi-path) "
-                        "on stan_models, accuracy against Stan's NUTS")
+                        "on stan_models, accuracy against Stan's NUTS; "
+                        "mlmcvi: MLMC gradients vs plain MC and RQMC at equal cost on simulated "
+                        "HLR/BLR and two stan_models (variance, SNR, ELBO vs cost and time)")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
@@ -74,7 +76,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--iters", type=int, default=5000,
                    help="jointcv: iterations per run (default 5000; at most 2000 for 'large'); "
                         "--models picks problems among sonar,australian,large "
-                        "(default sonar,australian)")
+                        "(default sonar,australian); mlmcvi: the last level T (5000 means the "
+                        "default, 1000), --models among hlr,blr,logistic_regression,"
+                        "hierarchical_radon (default all)")
     p.set_defaults(func=run_bench)
 
 
@@ -163,5 +167,16 @@ def run_bench(args: argparse.Namespace) -> int:
 
         peers.run(Path(args.models_dir), models=args.models.split(",") if args.models else None,
                   seeds=args.seeds, output=Path(args.output) if args.output else None)
+        return 0
+    if args.what == "mlmcvi":
+        from stanvi.bench import mlmcvi_bench  # noqa: PLC0415
+
+        problems = args.models.split(",") if args.models else list(mlmcvi_bench.PROBLEMS)
+        unknown = sorted(set(problems) - set(mlmcvi_bench.PROBLEMS))
+        if unknown:
+            raise SystemExit(f"stanvi bench mlmcvi: unknown problems {unknown}; choose from "
+                             f"{sorted(mlmcvi_bench.PROBLEMS)}")
+        mlmcvi_bench.run(problems, models_dir=Path(args.models_dir), seeds=args.seeds,
+                         iters=1000 if args.iters == 5000 else args.iters, output=args.output)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")
