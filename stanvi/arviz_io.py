@@ -194,6 +194,8 @@ def fit_attrs(fit, diagnostics=None) -> dict[str, Any]:
     if "hvp_method" in fit.info:
         attrs["hvp_method"] = fit.info["hvp_method"]
     attrs["data_source"] = str(fit.info.get("data_source", "") or "")
+    if hasattr(fit.target, "variable_kinds"):
+        attrs["variable_kinds"] = json.dumps(fit.target.variable_kinds())
     attrs["oracle_counts"] = json.dumps(_jsonable(dict(fit.oracle)))
     attrs["info"] = json.dumps(_jsonable(dict(fit.info)))
     if diagnostics is not None:

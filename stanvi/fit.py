@@ -32,6 +32,49 @@ from stanvi.targets.jax_target import JaxTarget
 
 
 
+class FitTrace(Trace):
+    """A fit's iteration trace (:class:`~stanvi.methods.base.Trace`, one row per iteration, row
+    0 the initial iterate) with a short repr and :meth:`to_pandas`."""
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> "FitTrace":
+        """The same trace (rows and kept iterates shared, not copied) as a FitTrace."""
+        if isinstance(trace, cls):
+            return trace
+        new = object.__new__(cls)
+        new.__dict__.update(trace.__dict__)
+        return new
+
+    def columns(self) -> list[str]:
+        """The fields recorded at any iteration, in first-seen order."""
+        names: dict[str, None] = {}
+        for row in self.rows:
+            names.update(dict.fromkeys(row))
+        return list(names)
+
+    def to_pandas(self):
+        """The trace as a pandas DataFrame, one row per iteration (index ``iteration`` when
+        recorded), one column per field (NaN where an iteration did not record it)."""
+        import pandas as pd  # noqa: PLC0415
+
+        frame = pd.DataFrame.from_records(self.rows, columns=self.columns())
+        if "iteration" in frame.columns and frame["iteration"].notna().all():
+            frame = frame.set_index("iteration")
+        return frame
+
+    def __repr__(self) -> str:
+        n = len(self.rows)
+        last = self.rows[-1] if self.rows else {}
+        parts = [f"{n} rows ({max(n - 1, 0)} iterations)"]
+        for key in ("elbo", "oracle_scaled", "wall_time"):
+            value = last.get(key)
+            if isinstance(value, (int, float, np.floating, np.integer)):
+                parts.append(f"last {key}={float(value):.6g}")
+        cols = self.columns()
+        shown = ", ".join(cols[:8]) + (f", ... ({len(cols)} in all)" if len(cols) > 8 else "")
+        return f"FitTrace({', '.join(parts)}; columns: {shown})"
+
+
 @dataclass
 class Fit:
     """The result of a variational fit.
@@ -105,6 +148,105 @@ class Fit:
 
     def stan_variables(self) -> dict[str, np.ndarray]:
         return dict(self.draws)
+
+    def draws_pd(self, vars: str | list[str] | None = None):  # noqa: A002  (cmdstanpy's name)
+        """The draws as a pandas DataFrame, one row per draw, one column per scalar element named
+        like cmdstanpy (``theta[1]``); without ``vars``, Stan's ``lp__``, ``log_p__`` and
+        ``log_g__`` columns come first, as in the Stan CSV and cmdstanpy's
+        ``variational_sample_pd``."""
+        import pandas as pd  # noqa: PLC0415
+
+        from stanvi.stan.names import element_labels  # noqa: PLC0415
+
+        names = [vars] if isinstance(vars, str) else list(vars) if vars is not None else list(
+            self.draws)
+        columns: dict[str, np.ndarray] = {}
+        if vars is None:
+            from stanvi.arviz_io import log_g  # noqa: PLC0415
+
+            n = len(self.log_p)
+            columns.update({"lp__": np.zeros(n), "log_p__": np.asarray(self.log_p, dtype=float),
+                            "log_g__": log_g(self)})
+        for name in names:
+            arr = np.asarray(self.stan_variable(name))
+            flat = arr.reshape(arr.shape[0], -1, order="F")
+            for j, label in enumerate(element_labels(name, arr.shape[1:])):
+                columns[label] = flat[:, j]
+        return pd.DataFrame(columns)
+
+    @property
+    def variational_params_dict(self) -> dict[str, float]:
+        """The approximation's mean, constrained (the Stan CSV's row 0), by element name, with
+        ``lp__ = log_p__ = log_g__ = 0`` first: what cmdstanpy's ``CmdStanVB`` of the same CSV
+        gives."""
+        from stanvi.arviz_io import mean_row  # noqa: PLC0415
+        from stanvi.stan.names import element_labels  # noqa: PLC0415
+
+        out = {"lp__": 0.0, "log_p__": 0.0, "log_g__": 0.0}
+        row = mean_row(self)
+        for name in self.draws:
+            value = np.asarray(row[name])[0]
+            flat = value.reshape(-1, order="F")
+            out.update(zip(element_labels(name, value.shape), (float(v) for v in flat)))
+        return out
+
+    @property
+    def variational_params_pd(self):
+        """Mean and sd per named parameter, in both spaces: a DataFrame indexed by ``(space,
+        name)``.  ``unconstrained`` rows are q itself (its mean and marginal sd per unconstrained
+        coordinate, Stan's names, e.g. ``tau`` for log tau); ``constrained`` rows are q's mean
+        pushed through the constraining transform (the Stan CSV's row 0) and the sd of the
+        constrained draws, for every element of every variable."""
+        import pandas as pd  # noqa: PLC0415
+
+        names = list(getattr(self.target, "unconstrained_names", []) or [])
+        mean = self.mean
+        if len(names) != mean.size:
+            names = [f"z.{i + 1}" for i in range(mean.size)]
+        sd = np.sqrt(np.diag(self.covariance))
+        index = [("unconstrained", n) for n in names]
+        rows = list(zip(mean.tolist(), sd.tolist()))
+        params = self.variational_params_dict
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            draws_sd = self.draws_pd().std(ddof=1)
+        for label, value in params.items():
+            if label.endswith("__"):
+                continue
+            index.append(("constrained", label))
+            rows.append((value, float(draws_sd[label])))
+        return pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["space", "name"]),
+                            columns=["mean", "sd"])
+
+    def create_inits(self, seed: int | None = None, chains: int = 4):
+        """Initial values for MCMC (e.g. ``cmdstanpy``'s ``sample(inits=...)``, or
+        :func:`stanvi.reference.nuts`) from ``chains`` distinct draws of the approximation,
+        chosen at random as cmdstanpy's ``CmdStanVB.create_inits`` does: a dict of parameter
+        values by name for ``chains=1``, else a list of dicts.  Only the model's parameters are
+        included (not transformed parameters or generated quantities) when the target knows
+        which they are."""
+        if isinstance(chains, bool) or not isinstance(chains, (int, np.integer)) or chains < 1:
+            raise ValueError(f"chains must be a positive integer, got {chains!r}")
+        n = len(self.log_p)
+        if chains > n:
+            raise ValueError(f"chains={chains} needs as many distinct draws; the fit has {n}")
+        kinds = self.target.variable_kinds() if hasattr(self.target, "variable_kinds") else {}
+        names = [k for k in self.draws if kinds.get(k, "parameter") == "parameter"]
+        finite = np.ones(n, dtype=bool)
+        for k in names:
+            finite &= np.isfinite(np.asarray(self.draws[k], dtype=float).reshape(n, -1)).all(1)
+        pool = np.flatnonzero(finite)
+        if pool.size < chains:
+            raise ValueError(f"only {pool.size} draws have finite parameter values; "
+                             f"{chains} inits asked for")
+        rng = np.random.default_rng(seed)
+        picks = rng.choice(pool, size=chains, replace=False)
+        inits = [{k: np.asarray(self.draws[k])[i] for k in names} for i in picks]
+        return inits[0] if chains == 1 else inits
+
+    def trace_pd(self):
+        """``fit.trace.to_pandas()``: the iteration trace as a DataFrame."""
+        return FitTrace.from_trace(self.trace).to_pandas()
 
     def elbo_trace(self) -> np.ndarray:
         """(oracle_scaled, elbo) for the iterations where the method estimated the ELBO."""
@@ -411,7 +553,8 @@ def make_fit(target: Target, family, result: MethodResult, *, method: str, profi
     return Fit(method=method, family_name=family.name, profile=profile, options=options, seed=seed,
                params=np.asarray(result.params, dtype=float), family=family, target=target,
                draws=constrained, unconstrained_draws=z, log_p=log_p, log_q=log_q,
-               trace=result.trace, oracle=result.ledger.snapshot(), status=result.status,
+               trace=FitTrace.from_trace(result.trace), oracle=result.ledger.snapshot(),
+               status=result.status,
                message=result.message, wall_time=wall_time, setup_time=setup_time,
                info={**result.info, **gq_note,
                      **({"hvp_method": target.hvp_method_used}

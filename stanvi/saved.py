@@ -23,8 +23,7 @@ import numpy as np
 
 from stanvi.diagnostics import Diagnostics
 from stanvi.errors import StanviError
-from stanvi.fit import Fit
-from stanvi.methods.base import Trace
+from stanvi.fit import Fit, FitTrace
 
 
 class SavedTarget:
@@ -32,11 +31,17 @@ class SavedTarget:
     data as saved.  It cannot evaluate the model (load the model for that)."""
 
     def __init__(self, name: str, unconstrained_names: list[str],
-                 data: dict[str, np.ndarray]) -> None:
+                 data: dict[str, np.ndarray], kinds: dict[str, str] | None = None) -> None:
         self.name = name
         self.unconstrained_names = list(unconstrained_names)
         self.dim = len(self.unconstrained_names)
         self._data = data
+        self._kinds = dict(kinds or {})
+
+    def variable_kinds(self) -> dict[str, str]:
+        """Each variable's block ('parameter', 'transformed_parameter', 'generated_quantity'),
+        as saved (empty when the fit's target did not know)."""
+        return dict(self._kinds)
 
     def data_dict(self) -> dict[str, Any]:
         """The data saved with the fit (observed and constant data)."""
@@ -137,7 +142,7 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _trace_from(ds, last_params: np.ndarray) -> Trace:
+def _trace_from(ds, last_params: np.ndarray) -> FitTrace:
     rows: list[dict[str, Any]] = []
     n = int(ds.sizes.get("iteration", 0))
     columns = {k: np.asarray(ds[k].values) for k in ds.data_vars}
@@ -153,7 +158,7 @@ def _trace_from(ds, last_params: np.ndarray) -> Trace:
             else:
                 row[k] = v
         rows.append(row)
-    trace = Trace(rows=rows, params=[None] * n)
+    trace = FitTrace(rows=rows, params=[None] * n)
     trace._last = np.asarray(last_params, dtype=float)
     return trace
 
@@ -256,7 +261,8 @@ def read(path: str | os.PathLike) -> SavedFit:
     return SavedFit(
         method=method, family_name=family_name, profile=profile, options=options,
         seed=int(a["seed"]), params=params, family=family,
-        target=SavedTarget(str(a.get("model", "")), unc_names, data), draws=draws,
+        target=SavedTarget(str(a.get("model", "")), unc_names, data,
+                           json.loads(a.get("variable_kinds", "{}") or "{}")), draws=draws,
         unconstrained_draws=unconstrained,
         log_p=np.asarray(stats["lp"].values, dtype=float)[0],
         log_q=np.asarray(stats["lp_approx"].values, dtype=float)[0],

@@ -223,3 +223,57 @@ def test_read_names_what_is_missing(tmp_path):
     (tmp_path / "x.csv").write_text("lp__\n")
     with pytest.raises(FileNotFoundError, match="x.nc"):
         stanvi.read(tmp_path / "x.csv")
+
+
+# ------------------------------------------------------------------ accessors (issue 13 item 6)
+def test_cmdstanpy_style_accessors_agree_with_cmdstanpy(fit, tmp_path):
+    """draws_pd, variational_params_dict and create_inits as cmdstanpy users know them."""
+    import cmdstanpy  # noqa: PLC0415
+
+    vb = cmdstanpy.from_csv(str(write_csv(fit, tmp_path / "fit.csv")))
+    assert fit.variational_params_dict == dict(vb.variational_params_dict)
+    frame = fit.draws_pd()
+    sample = vb.variational_sample_pd
+    assert list(frame.columns) == list(sample.columns)
+    np.testing.assert_allclose(frame.to_numpy(), sample.to_numpy(), rtol=1e-15, atol=1e-12)
+    only = fit.draws_pd(["sigma", "mu"])
+    assert list(only.columns)[:2] == ["sigma", "mu[1]"] and len(only) == 300
+    np.testing.assert_array_equal(only["mu[3]"].to_numpy(), fit.draws["mu"][:, 2])
+    # inits: parameters only, each a draw of q, distinct, reproducible by seed
+    inits = fit.create_inits(seed=5, chains=3)
+    assert len(inits) == 3 and all(set(i) == {"alpha", "beta", "sigma"} for i in inits)
+    rows = [int(np.flatnonzero(fit.draws["alpha"] == i["alpha"])[0]) for i in inits]
+    assert len(set(rows)) == 3
+    for i, r in zip(inits, rows):
+        assert i["sigma"] == fit.draws["sigma"][r] and i["beta"] == fit.draws["beta"][r]
+    assert fit.create_inits(seed=5, chains=3)[0]["alpha"] == inits[0]["alpha"]
+    single = fit.create_inits(seed=1, chains=1)
+    assert isinstance(single, dict) and set(single) == {"alpha", "beta", "sigma"}
+    with pytest.raises(ValueError, match="chains"):
+        fit.create_inits(chains=0)
+
+
+def test_variational_params_pd_has_both_spaces(fit):
+    table = fit.variational_params_pd
+    assert list(table.columns) == ["mean", "sd"]
+    unc = table.loc["unconstrained"]
+    assert list(unc.index) == ["alpha", "beta", "sigma"]
+    np.testing.assert_allclose(unc["mean"].to_numpy(), fit.mean, rtol=1e-15)
+    np.testing.assert_allclose(unc["sd"].to_numpy(), np.sqrt(np.diag(fit.covariance)), rtol=1e-15)
+    con = table.loc["constrained"]
+    assert con.loc["sigma", "mean"] == pytest.approx(np.exp(fit.mean[2]), rel=1e-12)
+    assert con.loc["mu[2]", "sd"] == pytest.approx(fit.draws["mu"][:, 1].std(ddof=1), rel=1e-12)
+
+
+def test_trace_to_pandas_and_short_repr(fit, tmp_path):
+    frame = fit.trace.to_pandas()
+    assert len(frame) == len(fit.trace) and frame.index.name == "iteration"
+    np.testing.assert_array_equal(frame["oracle_scaled"].to_numpy(),
+                                  fit.trace.column("oracle_scaled"))
+    text = repr(fit.trace)
+    assert text.startswith(f"FitTrace({len(fit.trace)} rows") and len(text) < 400
+    assert fit.trace_pd().equals(frame)
+    back = stanvi.read(fit.save(tmp_path)["netcdf"])     # a fit read back has the same trace
+    assert back.create_inits(seed=5, chains=3)[1].keys() == {"alpha", "beta", "sigma"}
+    np.testing.assert_array_equal(back.trace.to_pandas()["elbo"].to_numpy(),
+                                  frame["elbo"].to_numpy())
