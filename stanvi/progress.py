@@ -5,12 +5,12 @@
   printed line per stage and a closing ``done in … s`` / ``failed in … s`` line.
 * :class:`TaskProgress` for batches of tasks (done, failed, running, ETA), on terminals and in
   notebooks and logs alike.
-* :class:`IterationProgress` for iterative methods: ``method: iter k, ELBO x, oracle calls y``
-  redrawn at most 10 times a second, on a terminal only (silent in logs: a fit's outcome line is
-  printed by ``stanvi.fit`` itself).
+* :class:`IterationProgress` for iterative methods, through ``tqdm.auto``: a bar redrawn on a
+  terminal, a widget in a notebook, and a status line every few seconds in logs and pipes.
 
-All draw through :class:`StatusLine`, the one place that knows how a terminal line is redrawn
-and cleared.
+The first two draw through :class:`StatusLine`, the one place that knows how a terminal line is
+redrawn and cleared.  Messages (the verdict after a fit ...) are not progress: they go through
+the ``logging`` hierarchy under ``"stanvi"`` (:mod:`stanvi.log`).
 """
 
 from __future__ import annotations
@@ -97,32 +97,81 @@ class StageProgress:
         self.line.finish(f"stanvi: {self.title}: {outcome} in {self.elapsed:.1f} s")
 
 
-class IterationProgress:
-    """Redraws ``method: iter k, ELBO x, oracle calls y`` at most 10 times a second on a tty."""
+class _LineWriter:
+    """A stream for tqdm off a terminal: each status it draws becomes one plain line (tqdm's
+    ``\r`` redraws would pile up into one unreadable line in a log file)."""
 
-    def __init__(self, method: str, enabled: bool = True, stream=None) -> None:
-        self.line = StatusLine(enabled, stream)
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        for part in text.replace("\n", "\r").split("\r"):
+            part = part.rstrip()
+            if part:
+                self.stream.write(part + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if hasattr(self.stream, "flush"):
+            self.stream.flush()
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (where ``tqdm.auto`` draws a widget)."""
+    ip = sys.modules.get("IPython")
+    shell = getattr(ip, "get_ipython", lambda: None)() if ip is not None else None
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+class IterationProgress:
+    """Progress of an iterative method: ``trustvi: 12 it [00:03, 4.1 it/s, elbo=-32.3,
+    oracle=412]``, drawn by ``tqdm.auto`` wherever the fit runs: redrawn on a terminal (at most 10
+    times a second, cleared at the end: the verdict line follows), a widget in a notebook, and in
+    logs, CI and pipes (stderr not a terminal) a status written at most every ``every`` seconds
+    (default 5) and once at the end, so a long fit is never silent."""
+
+    def __init__(self, method: str, enabled: bool = True, stream=None, every: float = 5.0) -> None:
         self.method = method
-        self._last = 0.0
+        self._enabled = bool(enabled)
+        self.stream = stream if stream is not None else sys.stderr
+        self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.every = float(every)
+        self._bar = None
         self._start = time.perf_counter()
 
     @property
     def enabled(self) -> bool:
-        return self.line.interactive
+        return self._enabled
+
+    def _open(self):
+        from tqdm.auto import tqdm  # noqa: PLC0415
+
+        notebook = self.stream is sys.stderr and _in_notebook()
+        kwargs = dict(desc=self.method, unit="it", dynamic_ncols=True, leave=not self.interactive,
+                      mininterval=0.1 if (self.interactive or notebook) else self.every,
+                      bar_format="{desc}: {n} it [{elapsed}, {rate_fmt}{postfix}]")
+        if notebook:
+            return tqdm(**kwargs)
+        from tqdm import tqdm as text_tqdm  # noqa: PLC0415  (a plain text bar on this stream)
+
+        stream = self.stream if self.interactive else _LineWriter(self.stream)
+        return text_tqdm(file=stream, ascii=not self.interactive, **kwargs)
 
     def update(self, iteration: int, **fields: float) -> None:
-        if not self.line.interactive:
+        """Record iteration ``iteration`` with the fields to show (ELBO, oracle calls ...)."""
+        if not self._enabled:
             return
-        now = time.perf_counter()
-        if now - self._last < 0.1:
-            return
-        self._last = now
-        parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items()]
-        self.line.redraw(f"{self.method}: iter {iteration}, " + ", ".join(parts)
-                         + f" ({now - self._start:.1f} s)")
+        if self._bar is None:
+            self._bar = self._open()
+        parts = {k: (f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in fields.items()}
+        self._bar.set_postfix(parts, refresh=False)
+        self._bar.update(max(int(iteration) - self._bar.n, 0))
 
     def close(self) -> None:
-        self.line.finish()
+        """End the display: cleared on a terminal; the last status stays in logs."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 class TaskProgress:

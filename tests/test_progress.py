@@ -40,14 +40,30 @@ def test_iteration_progress_redraws_on_a_terminal_and_clears_at_the_end():
     tty = Tty()
     bar = IterationProgress("trustvi", stream=tty)
     bar.update(3, elbo=-1.5, oracle=12.0)
-    assert tty.getvalue().startswith("\rtrustvi: iter 3, elbo -1.5, oracle 12")
     bar.close()
-    assert tty.getvalue().endswith("\r\033[K")
-    log = io.StringIO()
-    silent = IterationProgress("trustvi", stream=log)
+    text = tty.getvalue()
+    assert text.startswith("\rtrustvi: ") and "\n" not in text
+    assert text.endswith("\r")                  # cleared: the verdict line takes its place
+    quiet = io.StringIO()
+    silent = IterationProgress("trustvi", stream=quiet, enabled=False)
     silent.update(1, elbo=-1.0)
     silent.close()
-    assert log.getvalue() == "" and not silent.enabled
+    assert quiet.getvalue() == "" and not silent.enabled
+
+
+def test_iteration_progress_writes_plain_lines_off_a_terminal():
+    """Notebooks, CI logs and pipes see a long fit's progress: a line every ``every`` seconds
+    and the final state, each on its own line (no carriage returns)."""
+    log = io.StringIO()
+    bar = IterationProgress("trustvi", stream=log, every=0.0)
+    for k in (1, 2, 3):
+        bar.update(k, elbo=-1.5 * k, oracle=12.0 * k)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) >= 2
+    assert all(line.startswith("trustvi: ") for line in lines)
+    assert lines[-1].startswith("trustvi: 3 it") and "elbo=-4.5" in lines[-1]
+    assert "oracle=36" in lines[-1]
 
 
 def test_task_progress_prints_off_a_terminal_and_times_this_runs_tasks(monkeypatch):
