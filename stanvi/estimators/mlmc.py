@@ -39,8 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stanvi.estimators.elbo import GradientFailure
+from stanvi.estimators.elbo import GradientFailure, bucket
 from stanvi.families.gaussian import FullRank, MeanField
+from stanvi.targets.jax_target import JaxTarget
 
 SCALE_PARAMS = ("log", "direct")
 
@@ -198,13 +199,27 @@ def model_gradients(target, z: np.ndarray, truncate: float | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(γ (n, D), ok (n,)): one batched gradient call of the target at the rows of ``z``.
     ``truncate=B`` is Algorithm 2's projection (spec §3.1): γ is evaluated at clip(z, −B, B) and
-    its pathwise derivative is zero on the clipped coordinates."""
+    its pathwise derivative is zero on the clipped coordinates.
+
+    A :class:`~stanvi.targets.jax_target.JaxTarget` compiles its batched gradient once per batch
+    size, so its batch is padded to the power-of-two :func:`~stanvi.estimators.elbo.bucket`
+    (copies of the first row; spec §7.3, DESIGN.md "Conventions") and the counter is charged
+    for the n real rows only.  Other targets (Stan's C++ batch) are called at exactly n rows:
+    padding would cost real model evaluations."""
     if truncate is not None:
         inside = np.abs(z) < truncate
         z = np.clip(z, -truncate, truncate)
-    res = target.log_density_gradient(z)
-    g = np.asarray(res.gradient, dtype=float)
-    ok = np.asarray(res.ok, dtype=bool) & np.isfinite(g).all(axis=1)
+    n = z.shape[0]
+    size = bucket(n)
+    if isinstance(target, JaxTarget) and size != n:
+        res = target.log_density_gradient(np.concatenate([z, np.repeat(z[:1], size - n, 0)]))
+        target.counter.add("gradient", n - size)
+        g = np.asarray(res.gradient, dtype=float)[:n]
+        ok = np.asarray(res.ok, dtype=bool)[:n] & np.isfinite(g).all(axis=1)
+    else:
+        res = target.log_density_gradient(z)
+        g = np.asarray(res.gradient, dtype=float)
+        ok = np.asarray(res.ok, dtype=bool) & np.isfinite(g).all(axis=1)
     if truncate is not None:
         g = np.where(inside, g, 0.0)
     return g, ok
