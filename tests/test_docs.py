@@ -1,0 +1,176 @@
+"""Docs that run (issue 13 item 7): every ```python block in README.md and docs/*.md is executed,
+and every ```output block is compared with what the python blocks before it printed, so the docs
+cannot drift from the code.
+
+* The blocks of one file run in order in one namespace (a later block may use an earlier one's
+  ``fit``), in a scratch directory where ``stan_models/`` points at the repository's (files the
+  snippets write land there).
+* An ```output block must equal, line by line (trailing spaces ignored), what the python blocks
+  since the previous output block wrote to stdout plus the messages of the ``stanvi`` logger
+  (``stanvi: ...``, e.g. a fit's verdict line).  Progress displays (stderr) are not part of it.
+* A block that cannot run here is listed in :data:`SKIP` with the reason; an entry that matches
+  no block fails the test, so the list cannot go stale.  :data:`SETUP` gives a file whose
+  snippets continue from a fit shown elsewhere (``fit`` in diagnostics.md) that fit.
+* The files are those git tracks (a document still being written is checked once committed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+matplotlib.use("Agg")
+
+EIGHT_SCHOOLS_FIT = (
+    "import stanvi\n"
+    "fit = stanvi.fit('stan_models/eight_schools/eight_schools_noncentered.stan',\n"
+    "                 data='stan_models/eight_schools/eight_schools.data.json', seed=1,\n"
+    "                 progress=False)\n")
+
+# file -> code run before its first block (not shown in the docs)
+SETUP = {
+    "docs/diagnostics.md": EIGHT_SCHOOLS_FIT,
+    "docs/models_and_targets.md": (
+        "import numpy as np\n"
+        "Z = np.random.default_rng(0).uniform(-2, 2, size=(4, 10))\n"
+        "V = np.random.default_rng(1).normal(size=(4, 10))\n"),
+}
+
+# (file, text in the block's first lines) -> why the block is not run here
+SKIP = {
+    ("docs/batch.md", "cases_from_source(\"posteriordb\""):
+        "needs a posteriordb checkout and a Dask cluster; tests/test_batch_run.py runs batches",
+    ("docs/jointcv.md", "data=my_data"):
+        "a template: my_data and the options are the reader's",
+    ("docs/jointcv.md", "JaxPerDatumTarget(log_lik"):
+        "a template: log_lik, log_prior, X and y are the reader's",
+    ("docs/methods.md", "**options)"):
+        "the signature of stanvi.fit, not a call",
+    ("docs/stan_reference.md", "from stanvi.reference import nuts, stan_advi, pathfinder"):
+        "builds Stan's services library and runs NUTS, ADVI and Pathfinder (minutes); "
+        "tests/test_reference_stan.py runs the same calls",
+}
+
+FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+def doc_files() -> list[str]:
+    """README.md and docs/*.md as git tracks them (all of them when git is unavailable)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "README.md", "docs/*.md"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        out = ["README.md"] + [str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("docs/*.md"))]
+    return [f for f in out if (ROOT / f).is_file()]
+
+
+def blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, code, line number) of every fenced block."""
+    found, lang, start, lines = [], None, 0, []
+    for i, line in enumerate(text.splitlines(), start=1):
+        m = FENCE.match(line)
+        if lang is None and m:
+            lang, start, lines = m.group(1), i, []
+        elif lang is not None and line.strip() == "```":
+            found.append((lang, "\n".join(lines) + "\n", start))
+            lang = None
+        elif lang is not None:
+            lines.append(line)
+    return found
+
+
+def skip_reason(name: str, code: str) -> str | None:
+    head = "\n".join(code.splitlines()[:8])
+    for (file, marker), reason in SKIP.items():
+        if file == name and marker in head:
+            return reason
+    return None
+
+
+class _Capture(logging.Handler):
+    def __init__(self, buffer: io.StringIO) -> None:
+        super().__init__(logging.INFO)
+        self.buffer = buffer
+        self.setFormatter(logging.Formatter("stanvi: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.buffer.write(self.format(record) + "\n")
+
+
+def _normalized(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.strip("\n").splitlines()]
+    return lines
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    (tmp_path / "stan_models").symlink_to(ROOT / "stan_models")
+    old = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        yield tmp_path
+    finally:
+        os.chdir(old)
+
+
+def test_skip_entries_match_blocks():
+    """Every SKIP entry names a python block that exists (no stale entries)."""
+    texts = {f: (ROOT / f).read_text() for f in doc_files()}
+    for (file, marker) in SKIP:
+        if file not in texts:
+            continue
+        codes = [c for lang, c, _ in blocks(texts[file]) if lang == "python"]
+        assert any(skip_reason(file, c) for c in codes if marker in "\n".join(
+            c.splitlines()[:8])), f"SKIP entry {file!r}: {marker!r} matches no python block"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", doc_files())
+def test_doc_snippets_run_and_show_their_real_output(name, scratch):
+    import warnings  # noqa: PLC0415
+
+    text = (ROOT / name).read_text()
+    namespace: dict = {"__name__": f"docs_check_{Path(name).stem}"}
+    if name in SETUP:
+        exec(compile(SETUP[name], f"{name}:setup", "exec"), namespace)  # noqa: S102
+    shown = io.StringIO()
+    handler = _Capture(shown)
+    logger = logging.getLogger("stanvi")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        ran = 0
+        for lang, code, line in blocks(text):
+            if lang == "output":
+                actual = _normalized(shown.getvalue())
+                assert actual == _normalized(code), (
+                    f"{name}, line {line}: the shown output differs from what the code "
+                    f"prints, which is:\n" + "\n".join(actual))
+                shown.seek(0)
+                shown.truncate()
+                continue
+            if lang != "python" or skip_reason(name, code):
+                continue
+            with contextlib.redirect_stdout(shown), \
+                    contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    exec(compile(code, f"{name}:{line}", "exec"), namespace)  # noqa: S102
+                except Exception as exc:  # noqa: BLE001
+                    pytest.fail(f"{name}, the python block at line {line} raised "
+                                f"{type(exc).__name__}: {exc}")
+            ran += 1
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
