@@ -94,10 +94,16 @@ def _log_ticks(axis, lim) -> None:
     axis.set_minor_formatter(ticker.FuncFormatter(minor) if short else ticker.NullFormatter())
 
 
+ORACLE_LABEL = "cost in gradient evaluations (1 = one 256-draw gradient)"
+TIME_LABEL = "wall time without JAX compilation (s)"
+
+
 def plot_elbo(fits, *, labels: Sequence[str] | None = None, x: str = "both", gap: bool = False,
               reference_elbo: float | None = None, path=None, title: str | None = None):
-    """ELBO against oracle calls (scaled units, docs/algorithms.md#oracle-calls) and/or wall time,
-    log x axes.
+    """ELBO against cost and/or wall time, log x axes.  Cost is in oracle calls, the TrustVI
+    paper's unit: 1 = one stochastic gradient over 256 draws (an HVP over 85 draws costs 2;
+    docs/algorithms.md#oracle-calls).  Wall time excludes the time spent compiling JAX
+    functions (one-off per model and batch size; the panel's title says how much it was).
 
     Args:
         fits: a Fit, a list of fits, or a dict ``{label: fit}``.
@@ -111,12 +117,16 @@ def plot_elbo(fits, *, labels: Sequence[str] | None = None, x: str = "both", gap
     fit_list, names = _as_list(fits), _labels(fits, labels)
     panels = {"both": ["oracle", "time"], "oracle": ["oracle"], "time": ["time"]}[x]
     fig, axes = _figure(1, len(panels))
-    series = []
+    series, compiled = [], []
     for f in fit_list:
         t = f.trace
         elbo = t.column("elbo")
         ok = np.isfinite(elbo)
-        series.append((t.column("oracle_scaled")[ok], t.column("wall_time")[ok], elbo[ok]))
+        wall = t.column("wall_time")
+        compile_s = t.column("compile_time")   # JAX compilation so far (NaN: not recorded)
+        compile_s = np.where(np.isfinite(compile_s), compile_s, 0.0)
+        compiled.append(float(compile_s[-1]) if compile_s.size else 0.0)
+        series.append((t.column("oracle_scaled")[ok], (wall - compile_s)[ok], elbo[ok]))
     all_elbo = np.concatenate([s[2] for s in series]) if series else np.array([])
     best = reference_elbo if reference_elbo is not None else (
         float(all_elbo.max()) if all_elbo.size else 0.0)
@@ -128,7 +138,11 @@ def plot_elbo(fits, *, labels: Sequence[str] | None = None, x: str = "both", gap
             ys = (best - elbo + 1e-3) if gap else elbo
             ax.plot(xs[keep], ys[keep], marker="o", markersize=2.5, linewidth=1.2, label=name)
         ax.set_xscale("log")
-        ax.set_xlabel("oracle calls (scaled)" if panel == "oracle" else "wall time (s)")
+        ax.set_xlabel(ORACLE_LABEL if panel == "oracle" else TIME_LABEL)
+        if panel == "time" and any(c > 0 for c in compiled):
+            ax.set_title("JAX compilation excluded: " + ", ".join(
+                f"{name} {c:.1f} s" for name, c in zip(names, compiled) if c > 0),
+                fontsize="small")
         if gap:
             ax.set_yscale("log")
             ax.set_ylabel("ELBO gap to best (nats)")
@@ -177,39 +191,34 @@ def _scalar_columns(draws: Mapping[str, np.ndarray], var_names) -> list[tuple[st
     return cols
 
 
-def _kde_line(ax, values, weights=None, **kwargs):
-    from scipy.stats import gaussian_kde  # noqa: PLC0415
+def _kde_line(ax, values, **kwargs):
+    """A marginal density by arviz-stats' KDE (linear, boundary-corrected at the range of the
+    draws, so a ``<lower=0>`` variable's density does not leak below its smallest draw)."""
+    from arviz_stats.base import array_stats  # noqa: PLC0415
 
     v = np.asarray(values, dtype=float)
-    ok = np.isfinite(v)
-    if weights is not None:
-        weights = np.asarray(weights)[ok]
-        ok2 = weights > 0
-        v, weights = v[ok][ok2], weights[ok2]
-    else:
-        v = v[ok]
+    v = v[np.isfinite(v)]
     if v.size < 2 or np.ptp(v) == 0:
         if v.size:
             ax.axvline(v[0], **kwargs)
         return
-    kde = gaussian_kde(v, weights=weights)
-    lo, hi = np.percentile(v, [0.5, 99.5])
-    pad = 0.1 * (hi - lo)
-    grid = np.linspace(lo - pad, hi + pad, 256)
-    ax.plot(grid, kde(grid), **kwargs)
+    grid, pdf, _ = array_stats.kde(v, grid_len=256)
+    ax.plot(np.asarray(grid), np.asarray(pdf), **kwargs)
 
 
 def plot_marginals(fit, reference=None, *, var_names: Sequence[str] | None = None,
                    max_panels: int = 16, psis: bool = False, ncols: int = 4, path=None,
                    labels: tuple[str, str] = ("VI", "reference")):
-    """Marginal densities (KDE) of each scalar of the VI draws, with reference draws over them.
+    """Marginal densities (arviz-stats' boundary-corrected KDE) of each scalar of the VI draws,
+    with reference draws over them.
 
     Args:
         fit: a Fit (or a DataTree / dict of draws).
         reference: reference draws (a dict name -> (n, *shape), a DataTree with a posterior
             group such as ``arviz_base.from_cmdstanpy(nuts_fit)``, or another Fit).
         var_names: variables to show (default: all, up to ``max_panels`` scalars).
-        psis: also draw the PSIS-reweighted VI density (dashed).
+        psis: also draw the PSIS-reweighted VI density (dashed; the KDE of the PSIS-resampled
+            draws, ``fit.diagnostics(resample=True)``).
         path: write a PNG here.
     """
     draws = _draws_of(fit)
@@ -220,18 +229,27 @@ def plot_marginals(fit, reference=None, *, var_names: Sequence[str] | None = Non
     ncols = max(1, min(ncols, len(cols)))
     nrows = math.ceil(len(cols) / ncols)
     fig, axes = _figure(nrows, ncols, figsize=(3.2 * ncols, 2.4 * nrows))
-    weights = None
-    if psis and hasattr(fit, "diagnostics"):
-        weights = np.exp(fit.diagnostics().log_weights)
+    resampled = {}
+    if psis and hasattr(fit, "diagnostics"):   # PSIS-resampled draws (stratified by weight)
+        resampled = {label: values for _, label, values in _scalar_columns(
+            fit.diagnostics(resample=True).resampled or {},
+            list(dict.fromkeys(c[0] for c in cols)))}
     ref_cols = {label: values for _, label, values in _scalar_columns(
         ref, [n for n in dict.fromkeys(c[0] for c in cols) if n in ref])} if ref else {}
     for k, (name, label, values) in enumerate(cols):
         ax = axes[k // ncols][k % ncols]
         _kde_line(ax, values, color="C0", label=labels[0])
-        if weights is not None:
-            _kde_line(ax, values, weights=weights, color="C0", linestyle="--", label="VI, PSIS")
+        if label in resampled:
+            _kde_line(ax, resampled[label], color="C0", linestyle="--", label="VI, PSIS")
         if label in ref_cols:
             _kde_line(ax, ref_cols[label], color="k", linewidth=1.0, label=labels[1])
+        shown = [np.asarray(v, dtype=float) for v in (values, ref_cols.get(label))
+                 if v is not None]
+        shown = np.concatenate([v[np.isfinite(v)] for v in shown])
+        if shown.size > 1 and np.ptp(shown) > 0:   # the bulk, not a few far draws
+            lo, hi = np.percentile(shown, [0.5, 99.5])
+            pad = 0.05 * (hi - lo) if hi > lo else 1.0
+            ax.set_xlim(lo - pad, hi + pad)
         ax.set_title(label, fontsize="small")
         ax.set_yticks([])
         ax.tick_params(labelsize="x-small")
