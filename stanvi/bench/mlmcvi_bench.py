@@ -219,15 +219,17 @@ def run(problems: list[str], *, models_dir: Path, seeds: int = 3, iters: int = 1
                 else:
                     cells.append("-")
             print_fn(f"{row['t']:5d} " + " ".join(f"{c:>30}" for c in cells))
-        # 2. ELBO vs gradient evaluations and run time (mean over seeds)
-        print_fn("ELBO (mean over seeds) vs iteration: ELBO / gradient evaluations / run "
-                 "time s (JAX compile included, evaluations excluded)")
+        # 2. ELBO vs gradient evaluations and run time (mean over the runs that did not fail)
+        done = {lbl: [r for r in rs if r["status"] != "failed"] for lbl, rs in runs.items()}
+        print_fn("ELBO (mean over the seeds whose run did not fail) vs iteration: ELBO / "
+                 "gradient evaluations / run time s (JAX compile included, evaluations "
+                 "excluded)")
         print_fn(f"{'iter':>5} " + " ".join(f"{lbl:>30}" for lbl in CONFIGS))
-        its = runs["mlmc"][0]["elbo"]["iteration"]
+        its = max((r["elbo"]["iteration"] for rs in runs.values() for r in rs), key=len)
         for i, it in enumerate(its):
             cells = []
-            for lbl, rs in runs.items():
-                if all(i < len(r["elbo"]["elbo"]) for r in rs):
+            for lbl, rs in done.items():
+                if rs and all(i < len(r["elbo"]["elbo"]) for r in rs):
                     e = _mean([r["elbo"]["elbo"][i] for r in rs])
                     g = int(np.mean([r["elbo"]["gradient_draws"][i] for r in rs]))
                     w = _mean([r["elbo"]["run_time"][i] for r in rs])
@@ -237,15 +239,23 @@ def run(problems: list[str], *, models_dir: Path, seeds: int = 3, iters: int = 1
             print_fn(f"{it:5d} " + " ".join(f"{c:>30}" for c in cells))
         # 3. final ELBO
         finals = {}
-        for lbl, rs in runs.items():
+        for lbl, rs in done.items():
             v = np.array([r["elbo"]["elbo"][-1] for r in rs], dtype=float)
-            finals[lbl] = (float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v)))
-                           if len(v) > 1 else float("nan"))
-        best = max(m for m, _ in finals.values() if np.isfinite(m))
-        print_fn("final ELBO, mean ± s.e. over seeds (difference to the best): " + "; ".join(
-            f"{lbl} {m:.3f} ± {s:.3f} ({m - best:+.3f})" for lbl, (m, s) in finals.items())
-            + "; gradient evaluations " + ", ".join(
-            f"{lbl} {rs[0]['gradient_draws']}" for lbl, rs in runs.items()))
+            finals[lbl] = (float(v.mean()) if len(v) else float("nan"),
+                           float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1
+                           else float("nan"))
+        best = max((m for m, _ in finals.values() if np.isfinite(m)), default=float("nan"))
+        print_fn("final ELBO, mean ± s.e. over the runs that did not fail (difference to the "
+                 "best; failed runs): " + "; ".join(
+                     f"{lbl} {m:.3f} ± {s:.3f} ({m - best:+.3f}; "
+                     f"{len(runs[lbl]) - len(done[lbl])} failed)"
+                     for lbl, (m, s) in finals.items())
+                 + "; per seed: " + "; ".join(
+                     f"{lbl} " + " ".join("failed" if r["status"] == "failed"
+                                          else f"{r['elbo']['elbo'][-1]:.2f}" for r in rs)
+                     for lbl, rs in runs.items())
+                 + "; gradient evaluations " + ", ".join(
+                     f"{lbl} {rs[0]['gradient_draws']}" for lbl, rs in runs.items()))
         results[name] = {"dim": target.dim, "lr0": lrs,
                          "tuning": {k: v[1] for k, v in tuning.items()}, "runs": runs,
                          "final": finals}
