@@ -178,6 +178,71 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(v)) if np.all(np.isfinite(v)) else float("nan")
 
 
+def report(runs: dict[str, list[dict[str, Any]]], *, seeds: int, snr_reps: int,
+           print_fn=print) -> dict[str, tuple[float, float]]:
+    """Print one problem's figures from its runs (also from a saved ``--output`` JSON:
+    ``report(json.load(f)[name]["runs"], ...)``); returns the final ELBO mean and s.e. per
+    configuration over the runs that did not fail."""
+    failed = {lbl: [r["message"] for r in rs if r["status"] == "failed"]
+              for lbl, rs in runs.items()}
+    for lbl, msgs in failed.items():
+        if msgs:
+            print_fn(f"  {lbl}: {len(msgs)} of {seeds} runs failed: {msgs[0]}")
+    # 1. variance and SNR at each 100th iteration (seed 0)
+    print_fn(f"gradient variance (trace, {snr_reps} replicates, history fixed) and SNR "
+             f"||mean||/sqrt(var) [paper's ||mean||^2/sqrt(var)], seed 0")
+    print_fn(f"{'t':>5} " + " ".join(f"{lbl:>30}" for lbl in CONFIGS))
+    var0 = {lbl: rs[0]["variance"] for lbl, rs in runs.items()}
+    for i, row in enumerate(max(var0.values(), key=len)):
+        cells = []
+        for lbl in CONFIGS:
+            if i < len(var0[lbl]):
+                r = var0[lbl][i]
+                cells.append(f"N={r['N']:>3} {r['grad_var']:9.3g} {r['snr']:6.3g} "
+                             f"[{r['snr_paper']:7.3g}]")
+            else:
+                cells.append("-")
+        print_fn(f"{row['t']:5d} " + " ".join(f"{c:>30}" for c in cells))
+    # 2. ELBO vs gradient evaluations and run time (mean over the runs that did not fail)
+    done = {lbl: [r for r in rs if r["status"] != "failed"] for lbl, rs in runs.items()}
+    print_fn("ELBO (mean over the seeds whose run did not fail) vs iteration: ELBO / "
+             "gradient evaluations / run time s (JAX compile included, evaluations "
+             "excluded)")
+    print_fn(f"{'iter':>5} " + " ".join(f"{lbl:>30}" for lbl in CONFIGS))
+    its = max((r["elbo"]["iteration"] for rs in runs.values() for r in rs), key=len)
+    for i, it in enumerate(its):
+        cells = []
+        for lbl, rs in done.items():
+            if rs and all(i < len(r["elbo"]["elbo"]) for r in rs):
+                e = _mean([r["elbo"]["elbo"][i] for r in rs])
+                g = int(np.mean([r["elbo"]["gradient_draws"][i] for r in rs]))
+                w = _mean([r["elbo"]["run_time"][i] for r in rs])
+                cells.append(f"{e:10.2f} {g:8d} {w:6.1f}")
+            else:
+                cells.append("-")
+        print_fn(f"{it:5d} " + " ".join(f"{c:>30}" for c in cells))
+    # 3. final ELBO
+    finals = {}
+    for lbl, rs in done.items():
+        v = np.array([r["elbo"]["elbo"][-1] for r in rs], dtype=float)
+        finals[lbl] = (float(v.mean()) if len(v) else float("nan"),
+                       float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1
+                       else float("nan"))
+    best = max((m for m, _ in finals.values() if np.isfinite(m)), default=float("nan"))
+    print_fn("final ELBO, mean ± s.e. over the runs that did not fail (difference to the "
+             "best; failed runs): " + "; ".join(
+                 f"{lbl} {m:.3f} ± {s:.3f} ({m - best:+.3f}; "
+                 f"{len(runs[lbl]) - len(done[lbl])} failed)"
+                 for lbl, (m, s) in finals.items())
+             + "; per seed: " + "; ".join(
+                 f"{lbl} " + " ".join("failed" if r["status"] == "failed"
+                                      else f"{r['elbo']['elbo'][-1]:.2f}" for r in rs)
+                 for lbl, rs in runs.items())
+             + "; gradient evaluations " + ", ".join(
+                 f"{lbl} {rs[0]['gradient_draws']}" for lbl, rs in runs.items()))
+    return finals
+
+
 def run(problems: list[str], *, models_dir: Path, seeds: int = 3, iters: int = 1000,
         snr_reps: int = 30, elbo_draws: int = 1000, output: str | None = None,
         print_fn=print) -> dict[str, Any]:
@@ -199,63 +264,7 @@ def run(problems: list[str], *, models_dir: Path, seeds: int = 3, iters: int = 1
                                 snr_reps=snr_reps, elbo_draws=elbo_draws)
                         for s in range(seeds)] for label in CONFIGS}
         print_fn(f"({time.perf_counter() - t0:.0f} s)")
-        failed = {lbl: [r["message"] for r in rs if r["status"] == "failed"]
-                  for lbl, rs in runs.items()}
-        for lbl, msgs in failed.items():
-            if msgs:
-                print_fn(f"  {lbl}: {len(msgs)} of {seeds} runs failed: {msgs[0]}")
-        # 1. variance and SNR at each 100th iteration (seed 0)
-        print_fn(f"gradient variance (trace, {snr_reps} replicates, history fixed) and SNR "
-                 f"||mean||/sqrt(var) [paper's ||mean||^2/sqrt(var)], seed 0")
-        print_fn(f"{'t':>5} " + " ".join(f"{lbl:>30}" for lbl in CONFIGS))
-        var0 = {lbl: rs[0]["variance"] for lbl, rs in runs.items()}
-        for i, row in enumerate(var0["mlmc"]):
-            cells = []
-            for lbl in CONFIGS:
-                if i < len(var0[lbl]):
-                    r = var0[lbl][i]
-                    cells.append(f"N={r['N']:>3} {r['grad_var']:9.3g} {r['snr']:6.3g} "
-                                 f"[{r['snr_paper']:7.3g}]")
-                else:
-                    cells.append("-")
-            print_fn(f"{row['t']:5d} " + " ".join(f"{c:>30}" for c in cells))
-        # 2. ELBO vs gradient evaluations and run time (mean over the runs that did not fail)
-        done = {lbl: [r for r in rs if r["status"] != "failed"] for lbl, rs in runs.items()}
-        print_fn("ELBO (mean over the seeds whose run did not fail) vs iteration: ELBO / "
-                 "gradient evaluations / run time s (JAX compile included, evaluations "
-                 "excluded)")
-        print_fn(f"{'iter':>5} " + " ".join(f"{lbl:>30}" for lbl in CONFIGS))
-        its = max((r["elbo"]["iteration"] for rs in runs.values() for r in rs), key=len)
-        for i, it in enumerate(its):
-            cells = []
-            for lbl, rs in done.items():
-                if rs and all(i < len(r["elbo"]["elbo"]) for r in rs):
-                    e = _mean([r["elbo"]["elbo"][i] for r in rs])
-                    g = int(np.mean([r["elbo"]["gradient_draws"][i] for r in rs]))
-                    w = _mean([r["elbo"]["run_time"][i] for r in rs])
-                    cells.append(f"{e:10.2f} {g:8d} {w:6.1f}")
-                else:
-                    cells.append("-")
-            print_fn(f"{it:5d} " + " ".join(f"{c:>30}" for c in cells))
-        # 3. final ELBO
-        finals = {}
-        for lbl, rs in done.items():
-            v = np.array([r["elbo"]["elbo"][-1] for r in rs], dtype=float)
-            finals[lbl] = (float(v.mean()) if len(v) else float("nan"),
-                           float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1
-                           else float("nan"))
-        best = max((m for m, _ in finals.values() if np.isfinite(m)), default=float("nan"))
-        print_fn("final ELBO, mean ± s.e. over the runs that did not fail (difference to the "
-                 "best; failed runs): " + "; ".join(
-                     f"{lbl} {m:.3f} ± {s:.3f} ({m - best:+.3f}; "
-                     f"{len(runs[lbl]) - len(done[lbl])} failed)"
-                     for lbl, (m, s) in finals.items())
-                 + "; per seed: " + "; ".join(
-                     f"{lbl} " + " ".join("failed" if r["status"] == "failed"
-                                          else f"{r['elbo']['elbo'][-1]:.2f}" for r in rs)
-                     for lbl, rs in runs.items())
-                 + "; gradient evaluations " + ", ".join(
-                     f"{lbl} {rs[0]['gradient_draws']}" for lbl, rs in runs.items()))
+        finals = report(runs, seeds=seeds, snr_reps=snr_reps, print_fn=print_fn)
         results[name] = {"dim": target.dim, "lr0": lrs,
                          "tuning": {k: v[1] for k, v in tuning.items()}, "runs": runs,
                          "final": finals}
