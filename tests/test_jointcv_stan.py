@@ -134,3 +134,28 @@ def test_fit_jointcv_on_a_stan_model(logistic):
     elbo = fit.trace.column("elbo")
     assert np.isfinite(elbo[-1]) and elbo[-1] > elbo[0]
     assert fit.stan_variable("beta").shape == (1000, 3)
+
+
+def test_one_call_across_block_instances_equals_per_instance_calls(logistic):
+    """stanvi_multi_gradient / stanvi_multi_hvp evaluate row i with instance idx[i], all rows
+    in one multithreaded C++ call: equal to one call per row into that instance."""
+    full, _ = logistic
+    bt = StanBlockTarget(full, n_blocks=7, seed=2)
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, 7, size=12)
+    handles = [bt._block_handles[i] for i in idx]
+    z, v = rng.normal(size=(12, 3)), rng.normal(size=(12, 3))
+    lp, g, st = bt._lib.multi_gradient(handles, z, propto=False, jacobian=True, threads=2)
+    lp2, g2, h2, st2 = bt._lib.multi_hvp(handles, z, v, propto=False, jacobian=True, threads=2)
+    assert st.ok.all() and st2.ok.all()
+    for i, h in enumerate(handles):
+        lp_i, g_i, _ = bt._lib.gradient(h, z[i:i + 1], propto=False, jacobian=True, threads=1)
+        lph_i, gh_i, hv_i, _ = bt._lib.hvp(h, z[i:i + 1], v[i:i + 1], propto=False,
+                                           jacobian=True, threads=1)
+        assert lp[i] == lp_i[0] and lp2[i] == lph_i[0]
+        np.testing.assert_array_equal(g[i], g_i[0])
+        np.testing.assert_array_equal(g2[i], gh_i[0])   # (the HVP's own gradient pass)
+        np.testing.assert_array_equal(h2[i], hv_i[0])
+    assert len(set(np.round(lp, 12))) > 1   # the instances really differ
+    with pytest.raises(ValueError, match="handles"):
+        bt._lib.multi_gradient(handles[:3], z, propto=False, jacobian=True, threads=1)

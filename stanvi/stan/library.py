@@ -38,6 +38,10 @@ _SIGNATURES = {
                               ctypes.c_char_p, _c_int, _c_int],
     "stanvi_batch_hvp": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, _f64, _f64, _f64, _i32,
                          ctypes.c_char_p, _c_int, _c_int, _c_bool],
+    "stanvi_multi_gradient": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, _f64, _i32,
+                              ctypes.c_char_p, _c_int, _c_int],
+    "stanvi_multi_hvp": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, _f64, _f64, _f64, _i32,
+                         ctypes.c_char_p, _c_int, _c_int, _c_bool],
     "stanvi_batch_constrain": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, ctypes.c_uint, _i32,
                                ctypes.c_char_p, _c_int, _c_int],
 }
@@ -146,6 +150,50 @@ class BatchedLibrary:
         failed = self._lib.stanvi_batch_hvp(model, propto, jacobian, n, _ptr(z), _ptr(v), _ptr(lp),
                                              _ptr(grad), _ptr(hvp), _ptr(status),
                                              buf, MESSAGE_BYTES, threads, finite_difference)
+        return lp, grad, hvp, self._status(status, buf, failed)
+
+    @staticmethod
+    def _handles(models) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(models, dtype=np.uint64))
+
+    def multi_gradient(self, models, z: np.ndarray, *, propto: bool, jacobian: bool,
+                       threads: int) -> tuple[np.ndarray, np.ndarray, RowStatus]:
+        """Like :meth:`gradient`, but row i is evaluated by model handle ``models[i]``: several
+        instances of this library's model (different data, the same number of unconstrained
+        parameters) in one multithreaded call."""
+        z = np.ascontiguousarray(z, dtype=np.float64)
+        handles = self._handles(models)
+        n = z.shape[0]
+        if handles.shape != (n,):
+            raise ValueError(f"{handles.shape[0]} model handles for {n} rows")
+        lp = np.empty(n)
+        grad = np.empty_like(z)
+        status = np.empty(n, dtype=np.int32)
+        buf = self._message_buffer(n)
+        failed = self._lib.stanvi_multi_gradient(_ptr(handles), propto, jacobian, n, _ptr(z),
+                                                  _ptr(lp), _ptr(grad), _ptr(status), buf,
+                                                  MESSAGE_BYTES, threads)
+        return lp, grad, self._status(status, buf, failed)
+
+    def multi_hvp(self, models, z: np.ndarray, v: np.ndarray, *, propto: bool, jacobian: bool,
+                  threads: int, finite_difference: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, RowStatus]:
+        """Like :meth:`hvp`, row i evaluated by model handle ``models[i]``."""
+        z = np.ascontiguousarray(z, dtype=np.float64)
+        v = np.ascontiguousarray(v, dtype=np.float64)
+        handles = self._handles(models)
+        n = z.shape[0]
+        if v.shape != z.shape or handles.shape != (n,):
+            raise ValueError(f"directions {v.shape} / {handles.shape[0]} handles do not match "
+                             f"points {z.shape}")
+        lp = np.empty(n)
+        grad = np.empty_like(z)
+        hvp = np.empty_like(z)
+        status = np.empty(n, dtype=np.int32)
+        buf = self._message_buffer(n)
+        failed = self._lib.stanvi_multi_hvp(_ptr(handles), propto, jacobian, n, _ptr(z), _ptr(v),
+                                             _ptr(lp), _ptr(grad), _ptr(hvp), _ptr(status), buf,
+                                             MESSAGE_BYTES, threads, finite_difference)
         return lp, grad, hvp, self._status(status, buf, failed)
 
     def constrain(self, model: int, z: np.ndarray, n_out: int, *, include_tp: bool,

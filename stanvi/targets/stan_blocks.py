@@ -16,18 +16,15 @@ tolerance).  A model that does not decompose — transformed data computed from 
 per-observation parameters, ``int<lower=1> N``, a likelihood coupling rows (a GP) — raises
 :class:`BlockDecompositionError` naming the failed check and what to do instead.
 
-Block calls.  stanvi's batched C++ entry points evaluate many points of *one* model instance
-per call (stanvi/stan/library.py); there is no entry point that evaluates several instances in
-one call, and the C++ glue is not extended here.  So the b block calls of an iteration are
-issued from a thread pool (ctypes releases the GIL; the libraries are built with
-``STAN_THREADS``), each one a single-row call into its block's instance, and the prior
-instance's rows go out as one batched call.  The cost of this per-call overhead against the
-JAX per-datum target is what ``stanvi bench jointcv`` reports as the Stan/JAX comparison.
+Block calls.  The b block evaluations of an iteration go out as one batched, multithreaded C++
+call across instances (``stanvi_multi_gradient`` / ``stanvi_multi_hvp``: row i is evaluated by
+block idx[i]'s instance, rows in parallel with TBB), and the prior instance's rows as one
+batched call.  What this costs against the JAX per-datum target is what ``stanvi bench
+jointcv`` reports as the Stan/JAX comparison.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -156,7 +153,6 @@ class StanBlockTarget:
                     f"parameters, or sizes tied to {self.obs_var}); the block scheme needs one "
                     f"global parameter vector. {_ADVICE}", check="dimension")
         self._prior, self._block_handles = self._handles[0], self._handles[1:]
-        self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         self.validation = self._validate(rtol, seed)
 
     @classmethod
@@ -199,28 +195,21 @@ class StanBlockTarget:
 
     def _blocks(self, kind: str, idx: np.ndarray, z: np.ndarray, v: np.ndarray | None
                 ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Gradients (and HVPs) of lp_β at z_i for β = idx[i]: one single-row call per block,
-        spread over the thread pool in contiguous chunks."""
-        b = len(idx)
-        grads = np.empty((b, self.dim))
-        hvps = np.empty((b, self.dim)) if kind == "hvp" else None
-
-        def work(lo: int, hi: int) -> None:
-            for i in range(lo, hi):
-                _, g, h, st = self._call(kind, self._block_handles[idx[i]], z[i:i + 1],
-                                         None if v is None else v[i:i + 1], 1)
-                self._check(st, f"block {idx[i] + 1}'s {kind}")
-                grads[i] = g[0]
-                if hvps is not None:
-                    hvps[i] = h[0]
-
-        if self._pool is None or b < 2:
-            work(0, b)
+        """Gradients (and HVPs) of lp_β at z_i for β = idx[i]: one batched, multithreaded C++
+        call in which row i is evaluated by block idx[i]'s model instance."""
+        handles = [self._block_handles[int(b)] for b in idx]
+        if kind == "gradient":
+            _, grads, st = self._lib.multi_gradient(handles, z, propto=False, jacobian=True,
+                                                    threads=self.threads)
+            hvps = None
         else:
-            n_chunks = min(self.threads, b)
-            edges = np.linspace(0, b, n_chunks + 1).astype(int)
-            for f in [self._pool.submit(work, lo, hi) for lo, hi in zip(edges[:-1], edges[1:])]:
-                f.result()
+            _, grads, hvps, st = self._lib.multi_hvp(handles, z, v, propto=False, jacobian=True,
+                                                     threads=self.threads,
+                                                     finite_difference=self._hvp_fd)
+        if not st.ok.all():
+            row = int(np.flatnonzero(~st.ok)[0])
+            raise ModelEvaluationError(f"block {int(idx[row]) + 1}'s {kind} failed: "
+                                       f"{st.messages.get(row, 'non-finite value')}")
         return grads, hvps
 
     # ------------------------------------------------------------------ SubsampledTarget
@@ -317,14 +306,4 @@ class StanBlockTarget:
                     f"series). {_ADVICE}", check=f"{check} additivity")
         return {"value_rel_error": worst["value"], "gradient_rel_error": worst["gradient"]}
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
 

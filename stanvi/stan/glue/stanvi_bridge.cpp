@@ -562,15 +562,22 @@ int stanvi_batch_log_density(const bs_model* m, bool propto, bool jacobian, int 
   return failed;
 }
 
-int stanvi_batch_gradient(const bs_model* m, bool propto, bool jacobian, int n,
-                          const double* theta, double* lp, double* grad, int* status, char* msgs,
-                          int msg_len, int n_threads) {
-  const int d = m->unc_num;
+}  // extern "C"
+
+namespace {
+
+// The bodies of the gradient and HVP entry points, for rows evaluated by one model
+// (stanvi_batch_*) or each row by its own model instance (stanvi_multi_*: the blocks of a
+// subsampled target, spec joint_control_variate.md §7.1, in one multithreaded call).
+template <typename ModelOf>
+int gradient_rows(const ModelOf& model_of, int d, bool propto, bool jacobian, int n,
+                  const double* theta, double* lp, double* grad, int* status, char* msgs,
+                  int msg_len, int n_threads) {
   parallel_rows(n, n_threads, [&](int i) {
     double* g = grad + static_cast<size_t>(i) * d;
     status[i] = guarded_row(i, msgs, msg_len, [&](std::ostream& out) {
       Vec x = Eigen::Map<const Vec>(theta + static_cast<size_t>(i) * d, d);
-      lp[i] = gradient_at(*m->model, propto, jacobian, x, g, &out);
+      lp[i] = gradient_at(*model_of(i)->model, propto, jacobian, x, g, &out);
       return std::isfinite(lp[i]) && all_finite(g, d);
     });
     if (status[i] != kRowOk) {
@@ -583,21 +590,19 @@ int stanvi_batch_gradient(const bs_model* m, bool propto, bool jacobian, int n,
   return failed;
 }
 
-// finite_difference: central differences of reverse-mode gradients (3 gradients per row) even
-// in the exact build, where nested autodiff can cost 10-25 gradients for some Stan Math
-// functions (the caller chooses, see StanTarget's hvp_method).
-int stanvi_batch_hvp(const bs_model* m, bool propto, bool jacobian, int n, const double* theta,
-                     const double* v, double* lp, double* grad, double* hvp, int* status,
-                     char* msgs, int msg_len, int n_threads, bool finite_difference) {
-  const int d = m->unc_num;
+template <typename ModelOf>
+int hvp_rows(const ModelOf& model_of, int d, bool propto, bool jacobian, int n,
+             const double* theta, const double* v, double* lp, double* grad, double* hvp,
+             int* status, char* msgs, int msg_len, int n_threads, bool finite_difference) {
   parallel_rows(n, n_threads, [&](int i) {
     const size_t off = static_cast<size_t>(i) * d;
     status[i] = guarded_row(i, msgs, msg_len, [&](std::ostream& out) {
       Vec x = Eigen::Map<const Vec>(theta + off, d);
       Vec dir = Eigen::Map<const Vec>(v + off, d);
+      const stan::model::model_base& model = *model_of(i)->model;
       lp[i] = finite_difference
-                  ? fd_hvp_at(*m->model, propto, jacobian, x, dir, grad + off, hvp + off, &out)
-                  : hvp_at(*m->model, propto, jacobian, x, dir, grad + off, hvp + off, &out);
+                  ? fd_hvp_at(model, propto, jacobian, x, dir, grad + off, hvp + off, &out)
+                  : hvp_at(model, propto, jacobian, x, dir, grad + off, hvp + off, &out);
       return std::isfinite(lp[i]) && all_finite(grad + off, d) && all_finite(hvp + off, d);
     });
     if (status[i] != kRowOk) {
@@ -611,6 +616,47 @@ int stanvi_batch_hvp(const bs_model* m, bool propto, bool jacobian, int n, const
   int failed = 0;
   for (int i = 0; i < n; ++i) failed += status[i] != kRowOk;
   return failed;
+}
+
+}  // namespace
+
+extern "C" {
+
+int stanvi_batch_gradient(const bs_model* m, bool propto, bool jacobian, int n,
+                          const double* theta, double* lp, double* grad, int* status, char* msgs,
+                          int msg_len, int n_threads) {
+  return gradient_rows([m](int) { return m; }, m->unc_num, propto, jacobian, n, theta, lp, grad,
+                       status, msgs, msg_len, n_threads);
+}
+
+// Row i is evaluated by models[i] (instances of one model with different data and the same
+// number of unconstrained parameters, checked by the caller).
+int stanvi_multi_gradient(const bs_model* const* models, bool propto, bool jacobian, int n,
+                          const double* theta, double* lp, double* grad, int* status, char* msgs,
+                          int msg_len, int n_threads) {
+  if (n == 0) return 0;
+  return gradient_rows([models](int i) { return models[i]; }, models[0]->unc_num, propto,
+                       jacobian, n, theta, lp, grad, status, msgs, msg_len, n_threads);
+}
+
+// finite_difference: central differences of reverse-mode gradients (3 gradients per row) even
+// in the exact build, where nested autodiff can cost 10-25 gradients for some Stan Math
+// functions (the caller chooses, see StanTarget's hvp_method).
+int stanvi_batch_hvp(const bs_model* m, bool propto, bool jacobian, int n, const double* theta,
+                     const double* v, double* lp, double* grad, double* hvp, int* status,
+                     char* msgs, int msg_len, int n_threads, bool finite_difference) {
+  return hvp_rows([m](int) { return m; }, m->unc_num, propto, jacobian, n, theta, v, lp, grad,
+                  hvp, status, msgs, msg_len, n_threads, finite_difference);
+}
+
+int stanvi_multi_hvp(const bs_model* const* models, bool propto, bool jacobian, int n,
+                     const double* theta, const double* v, double* lp, double* grad, double* hvp,
+                     int* status, char* msgs, int msg_len, int n_threads,
+                     bool finite_difference) {
+  if (n == 0) return 0;
+  return hvp_rows([models](int i) { return models[i]; }, models[0]->unc_num, propto, jacobian,
+                  n, theta, v, lp, grad, hvp, status, msgs, msg_len, n_threads,
+                  finite_difference);
 }
 
 // Constrained values (parameters, and optionally transformed parameters and generated
