@@ -37,6 +37,7 @@ SEEDS = {
     "hier_multiplicative": 1015,
     "far_posterior": 1016,
     "gaussian_ill": 1017,
+    "jointcv_logistic": 1018,
 }
 
 
@@ -260,6 +261,19 @@ def gaussian_ill() -> dict:
     return {"D": d, "m": rng.normal(size=d), "Q": q, "lambda": np.geomspace(1e-3, 1e3, d)}
 
 
+def jointcv_logistic() -> dict:
+    """N = 10,000 rows, K = 5 standardized covariates, no intercept; true beta ~ N(0, 6/K)
+    (the joint control variate spec's recipe, specs/joint_control_variate.md §5.2): a large-N
+    model for method='jointcv' against full-batch methods."""
+    rng = np.random.default_rng(SEEDS["jointcv_logistic"])
+    n, k = 10_000, 5
+    x = rng.normal(size=(n, k))
+    x = (x - x.mean(0)) / x.std(0)
+    beta = rng.normal(0.0, np.sqrt(6.0 / k), size=k)
+    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-x @ beta))).astype(int)
+    return {"N": n, "K": k, "X": x, "y": y}
+
+
 GENERATORS = {
     "linear_regression": linear_regression,
     "logistic_regression": logistic_regression,
@@ -278,6 +292,7 @@ GENERATORS = {
     "hier_multiplicative": hier_multiplicative,
     "far_posterior": far_posterior,
     "gaussian_ill": gaussian_ill,
+    "jointcv_logistic": jointcv_logistic,
 }
 
 
