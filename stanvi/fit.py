@@ -430,7 +430,8 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         model: a `.stan` path, a compiled library, a Target, or a JAX log-density function of an
             unconstrained vector (then give ``dim``).
         data: the Stan data (dict, JSON path or JSON string).
-        method: 'trustvi' (default), 'advi' or 'hfsgvi'.
+        method: 'trustvi' (default), 'advi', 'hfsgvi', 'jointcv' or 'mlmcvi' (see
+            ``stanvi.methods.available()``).
         family: 'meanfield' (default) or 'fullrank'.
         seed: integer seed from 0 to 2**32 - 1 (default 0); the same seed gives the same
             result.
