@@ -156,10 +156,11 @@ def run_bench(args: argparse.Namespace) -> int:
         from stanvi.bench import jointcv_bench  # noqa: PLC0415
 
         problems = args.models.split(",") if args.models else ["sonar", "australian"]
-        unknown = sorted(set(problems) - set(jointcv_bench.PROBLEMS))
+        known = {*jointcv_bench.PROBLEMS, jointcv_bench.STAN_PROBLEM}
+        unknown = sorted(set(problems) - known)
         if unknown:
             raise SystemExit(f"stanvi bench jointcv: unknown problems {unknown}; choose from "
-                             f"{sorted(jointcv_bench.PROBLEMS)}")
+                             f"{sorted(known)}")
         jointcv_bench.run(problems, iters=args.iters, output=args.output)
         return 0
     if args.what == "peers":
