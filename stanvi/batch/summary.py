@@ -79,7 +79,8 @@ def _accuracy(record: dict, figure: str) -> float | None:
 def model_rows(grouped: dict[str, dict[str, list[dict]]], dims: dict[str, int]) -> list[dict]:
     """One row per (model, configuration): runs, successes, failures with reasons, median final
     ELBO, the median run's draw-level evaluations and run time to within 1 nat of the model's
-    best median ELBO, k̂ verdict of the median run and median accuracy over runs."""
+    best median ELBO, k̂ verdict of the median run and median accuracy over the runs with a
+    normal outcome (``OK_STATUSES``)."""
     rows = []
     for model, configs in grouped.items():
         medians = {cfg: median_run([as_run(r) for r in recs]) for cfg, recs in configs.items()}
@@ -103,8 +104,10 @@ def model_rows(grouped: dict[str, dict[str, list[dict]]], dims: dict[str, int]) 
                 "median_draw_evaluations": _median([r.get("draw_evaluations") for r in recs]),
                 "median_run_time": _median([r.get("run_time") for r in recs]),
                 "khat": med_rec.get("khat"), "verdict": med_rec.get("verdict"),
-                "mean_error_sd": _median([_accuracy(r, "mean_error_sd") for r in recs]),
-                "w1_sd": _median([_accuracy(r, "w1_sd") for r in recs]),
+                # accuracy of the runs with a normal outcome; failed runs are in `failures`
+                "mean_error_sd": _median([_accuracy(r, "mean_error_sd") for r in recs
+                                          if r.get("status") in OK]),
+                "w1_sd": _median([_accuracy(r, "w1_sd") for r in recs if r.get("status") in OK]),
                 "failures": " | ".join(failures)})
     return rows
 
