@@ -178,8 +178,21 @@ def test_plan_and_method_list():
     work = plan([case], config)
     assert len(work) == 2 * 2 * 3 and len({s.key for _, s in work}) == 12
     check_config(config)
-    with pytest.raises(ValueError, match="unknown method 'nuts'"):
-        check_config(BatchConfig(methods=(("nuts", None),)))
+    with pytest.raises(ValueError, match="unknown method 'nut'"):
+        check_config(BatchConfig(methods=(("nut", None),)))
+    # Stan's own algorithms: Pathfinder and NUTS run once per seed (no family), Stan's ADVI per
+    # family; their profiles and settings are checked like stanvi's
+    stan = BatchConfig(methods=(("stan-advi", None), ("pathfinder", "single"), ("nuts", "dense")),
+                       families=("meanfield", "fullrank"), seeds=2,
+                       options={"nuts": {"num_samples": 100}})
+    check_config(stan)
+    assert sorted((s.method, s.family) for _, s in plan([case], stan)) == sorted(
+        [("stan-advi", "meanfield")] * 2 + [("stan-advi", "fullrank")] * 2
+        + [("pathfinder", "none")] * 2 + [("nuts", "none")] * 2)
+    with pytest.raises(ValueError, match="no profile 'fast'"):
+        check_config(BatchConfig(methods=(("pathfinder", "fast"),)))
+    with pytest.raises(TypeError, match="adapt_delta"):
+        check_config(BatchConfig(methods=(("nuts", None),), options={"nuts": {"adapt_delta": 1}}))
     with pytest.raises(ValueError, match="unknown profile 'fast'"):
         check_config(BatchConfig(methods=(("advi", "fast"),)))
     with pytest.raises(ValueError, match="unknown family"):
@@ -191,8 +204,8 @@ def test_cli_errors_name_what_is_wrong(tmp_path, capsys):
 
     assert main(["batch", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 1
     assert "is not a directory" in capsys.readouterr().err
-    assert main(["batch", str(tmp_path), "--out", str(tmp_path / "r"), "--methods", "nuts"]) == 1
-    assert "unknown method 'nuts'" in capsys.readouterr().err
+    assert main(["batch", str(tmp_path), "--out", str(tmp_path / "r"), "--methods", "nut"]) == 1
+    assert "unknown method 'nut'" in capsys.readouterr().err
     assert main(["batch", str(tmp_path), "--out", str(tmp_path / "r"), "--family", "x"]) == 1
     assert "unknown family 'x'" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 1

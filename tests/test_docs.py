@@ -174,3 +174,96 @@ def test_doc_snippets_run_and_show_their_real_output(name, scratch):
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+# Shell blocks: every `stanvi fit|info|compile` command shown in a ```sh block or after `$ ` in
+# a plain block runs (exit status 0) in the scratch directory; where the block shows the
+# command's output (the lines after a `$ stanvi ...` command), those lines must appear in the
+# real output in order, a line `...` standing for any number of lines.
+RUNNABLE = ("stanvi fit ", "stanvi info ", "stanvi compile ")
+
+
+def shell_commands(code: str) -> list[tuple[str, list[str]]]:
+    """(command, shown output lines) for each runnable stanvi command of a block: continuation
+    lines (ending in ``\\``) joined, ``# ...`` comments dropped, the placeholders of generic
+    examples (``MODEL.stan``) left out."""
+    out: list[tuple[str, list[str]]] = []
+    lines = code.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        prompt = line.startswith("$ ")
+        cmd = line[2:] if prompt else line
+        if cmd.startswith(RUNNABLE):
+            while cmd.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                cmd = cmd[:-1].rstrip() + " " + lines[i].strip()
+            cmd = cmd.split("  #")[0].strip()
+            shown: list[str] = []
+            if prompt:
+                while i + 1 < len(lines) and not lines[i + 1].strip().startswith(
+                        ("$ ", *RUNNABLE)):
+                    i += 1
+                    shown.append(lines[i].rstrip())
+            if "MODEL.stan" not in cmd:
+                out.append((cmd, shown))
+        i += 1
+    return out
+
+
+def _shown_in_order(shown: list[str], actual: list[str]) -> bool:
+    """The shown lines appear in ``actual`` in order; ``...`` matches any lines."""
+    pos = 0
+    gap = False
+    for want in shown:
+        if want.strip() == "...":
+            gap = True
+            continue
+        while pos < len(actual) and actual[pos] != want:
+            if not gap:
+                return False
+            pos += 1
+        if pos == len(actual):
+            return False
+        pos += 1
+        gap = False
+    return True
+
+
+def _all_shell_commands() -> list[tuple[str, str, list[str]]]:
+    found = []
+    for name in doc_files():
+        for lang, code, _ in blocks((ROOT / name).read_text()):
+            if lang in ("sh", "bash", "") and ("$ stanvi" in code or lang in ("sh", "bash")):
+                found += [(name, cmd, shown) for cmd, shown in shell_commands(code)]
+    return found
+
+
+def test_the_shell_command_checker_reads_blocks():
+    code = ("$ stanvi info m.stan \\\n      --data d.json\nmodel: m\n...\nx  parameter\n"
+            "stanvi fit MODEL.stan --data DATA.json   # generic\n")
+    assert shell_commands(code) == [("stanvi info m.stan --data d.json",
+                                     ["model: m", "...", "x  parameter"])]
+    assert _shown_in_order(["model: m", "...", "x"], ["model: m", "a", "b", "x", "y"])
+    assert not _shown_in_order(["model: m", "x"], ["model: m", "a", "x"])
+    assert not _shown_in_order(["model: n"], ["model: m"])
+    assert len(_all_shell_commands()) >= 3   # the docs' fit and info examples
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,cmd,shown", _all_shell_commands(),
+                         ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+def test_doc_shell_commands_run_and_show_their_real_output(name, cmd, shown, scratch):
+    import shlex  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    argv = shlex.split(cmd)
+    stanvi = Path(sys.executable).with_name("stanvi")
+    res = subprocess.run([str(stanvi), *argv[1:]], capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, f"{name}: `{cmd}` failed:\n{res.stderr[-2000:]}"
+    if shown:
+        actual = [line.rstrip() for line in res.stdout.splitlines()]
+        assert _shown_in_order([s.strip() and s.rstrip() for s in shown], actual), (
+            f"{name}: `{cmd}` shows output the command does not print; it prints:\n"
+            + res.stdout[-3000:])
