@@ -51,6 +51,7 @@ def test_dense_nuts_recovers_exact_mean_and_covariance(gaussian):
     assert (table["r_hat"] < 1.05).all() and (table["ess_bulk"] > 100).all()
     tree = fit.to_arviz()
     assert tree.posterior["z"].shape == (4, 1000, 10)
+    assert list(tree.posterior["z"].coords["z_dim_0"].values) == list(range(1, 11))
     assert int(tree.sample_stats["diverging"].sum()) == sum(fit.sampler_diagnostics["divergences"])
 
 

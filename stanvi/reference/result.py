@@ -126,8 +126,9 @@ class ReferenceFit:
                 and self.algorithm != "pathfinder-multi")
 
     def to_arviz(self):
-        """An ArviZ DataTree: ``posterior`` (chains × draws) with Stan's columns in
-        ``sample_stats`` (``lp__`` → ``lp``, NUTS's ``divergent__`` → ``diverging`` …)."""
+        """An ArviZ DataTree: ``posterior`` (chains × draws, variable dims with Stan's 1-based
+        coordinates) with Stan's columns in ``sample_stats`` (``lp__`` → ``lp``, NUTS's
+        ``divergent__`` → ``diverging`` …)."""
         from arviz_base import from_dict  # noqa: PLC0415
 
         rename = {"lp__": "lp", "accept_stat__": "acceptance_rate", "stepsize__": "step_size",
@@ -140,8 +141,15 @@ class ReferenceFit:
         attrs = {"inference_library": "stan (via stanvi)", "algorithm": self.algorithm}
         if self.gradient_evaluations is not None:
             attrs["gradient_evaluations"] = self.gradient_evaluations
+        # Stan's 1-based indices for the variables' dims, as stanvi's own trees have them
+        dims, coords = {}, {}
+        for name, arr in self.draws.items():
+            dims[name] = [f"{name}_dim_{k}" for k in range(arr.ndim - 1)]
+            for k, n in enumerate(arr.shape[1:]):
+                coords[f"{name}_dim_{k}"] = np.arange(1, n + 1)
         return from_dict({"posterior": {k: self._by_chain(v) for k, v in self.draws.items()},
-                          "sample_stats": stats}, attrs={"posterior": attrs})
+                          "sample_stats": stats}, dims=dims, coords=coords,
+                         attrs={"posterior": attrs})
 
     def __repr__(self) -> str:
         names = ", ".join(self.draws)
