@@ -16,8 +16,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from scipy.special import ndtri
-from scipy.stats import qmc
 
 NOISE_KINDS = ("mc", "rqmc")
 _U_CLIP = 1e-12
@@ -35,6 +33,11 @@ def base_draws(kind: str, rng: np.random.Generator, n: int, dim: int) -> np.ndar
 def rqmc_normal(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     """Φ⁻¹ of the first n points of a freshly scrambled Sobol' sequence in [0, 1)^dim
     (spec §3.3).  Each row is marginally N(0, I) exactly, so means over rows are unbiased."""
+    # SciPy is imported here, not at module import: `import stanvi` and fits that do not
+    # use RQMC import no SciPy (tests/test_coldstart.py)
+    from scipy.special import ndtri  # noqa: PLC0415
+    from scipy.stats import qmc  # noqa: PLC0415
+
     sobol = qmc.Sobol(d=dim, scramble=True, seed=rng)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*balance properties.*")
