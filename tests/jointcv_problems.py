@@ -16,20 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stanvi.bench.jointcv_bench import simulate as simulate_logistic  # spec §5.2 recipe (i)
 from stanvi.targets.subsampled import JaxPerDatumTarget, logistic_regression_target
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(80)
 _WEIGHTS = _WEIGHTS / math.sqrt(2 * math.pi)
-
-
-def simulate_logistic(n: int, d: int, seed: int, c: float = 6.0) -> tuple[np.ndarray, np.ndarray]:
-    """Spec §5.2 recipe (i): standardized X ~ N(0, I), z* ~ N(0, c/d I), y ~ Bern(sigmoid(Xz*))."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((n, d))
-    X = (X - X.mean(0)) / X.std(0)
-    z = rng.normal(0.0, math.sqrt(c / d), d)
-    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-X @ z))).astype(float)
-    return X, y
 
 
 def logistic_problem(n: int = 60, d: int = 4, seed: int = 0):
