@@ -245,11 +245,19 @@ def test_stans_own_algorithms_as_batch_methods(pdb_tree, tmp_path):
     accuracy against the reference; Stan ADVI's ELBO from its recovered Gaussian."""
     runs = tmp_path / "runs"
     cases = discover_posteriordb(pdb_tree)
-    config = BatchConfig(methods=(("stan-advi", None), ("pathfinder", "single"), ("nuts", None)),
+    config = BatchConfig(methods=(("stan-advi", None), ("pathfinder", "single"), ("nuts", None),
+                                  ("trustvi", None)),
                          seeds=1, options={"nuts": {"chains": 2, "num_samples": 500}})
     counts = run_batch(cases, runs, config, workers=1, progress=False)
     records = {r["method"]: r for r in RunStore(runs).query("fit")}
-    assert set(records) == {"stan-advi", "pathfinder", "nuts"}, counts
+    assert set(records) == {"stan-advi", "pathfinder", "nuts", "trustvi"}, counts
+    # the report puts them beside stanvi's; the paper protocol pairs only traced methods
+    from stanvi.batch.report import write_report
+    write_report(runs, tmp_path / "report")
+    models_csv = (tmp_path / "report" / "models.csv").read_text()
+    assert "stan-advi" in models_csv and "nuts" in models_csv
+    assert "stan-advi" not in (tmp_path / "report" / "protocol.csv").read_text()
+    del records["trustvi"]
     nuts_rec = records["nuts"]
     assert nuts_rec["status"] == "sampled" and nuts_rec["family"] == "none"
     assert nuts_rec["info"]["max_r_hat"] < 1.05 and nuts_rec["draw_evaluations"] > 0

@@ -176,8 +176,11 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
     rows = model_rows(grouped, dims)
     configs = sorted({config_of(r) for r in fits})
     pairs_by_name, protocol_rows, summaries = {}, [], []
+    # the protocol compares runs along their traces: configurations whose records carry the
+    # protocol's trace points (stanvi's methods; not Stan's own, which report only their end)
+    traced = {config_of(r) for r in fits if r.get("trace_points")}
     for tested in (c for c in configs if c.startswith("trustvi:")):
-        for baseline in (c for c in configs if not c.startswith("trustvi:")):
+        for baseline in (c for c in configs if not c.startswith("trustvi:") and c in traced):
             pairs = protocol_pairs(grouped, tested, baseline)
             if pairs:
                 name = f"{tested} vs {baseline}"

@@ -58,7 +58,7 @@ def first_consistent(run: RunSummary, threshold: float) -> int | None:
     """Index into the trace points of the first point after which every evaluated ELBO is
     ≥ threshold (docs/algorithms.md#benchmark-protocol); None if there is none."""
     above = run.trace_elbo >= threshold
-    if not above[-1]:
+    if not above.size or not above[-1]:   # no trace points (e.g. Stan's own algorithms)
         return None
     bad = np.flatnonzero(~above)
     return 0 if len(bad) == 0 else int(bad[-1]) + 1
