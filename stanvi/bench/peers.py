@@ -83,7 +83,7 @@ def run_model(name: str, stan: Path, data: Path | None, seeds: int) -> dict[str,
     """Every method on one model: per-run figures and their medians."""
     import jax  # noqa: PLC0415
 
-    from stanvi.batch.accuracy import labelled_draws  # noqa: PLC0415
+    from stanvi.targets.labelled import labelled_draws  # noqa: PLC0415
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
     from stanvi.reference import nuts  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415

@@ -154,7 +154,7 @@ def stan_advi_elbo(fit: ReferenceFit, target, eps_sets: list[np.ndarray],
     :class:`~stanvi.targets.stan_target.StanTarget` of the same model and data;
     ``unconstrained``: the draws already mapped to unconstrained space, by unconstrained name
     (computed here when not given)."""
-    from stanvi.batch.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
+    from stanvi.targets.labelled import labelled_draws, reference_unconstrained  # noqa: PLC0415
 
     if unconstrained is None:
         unconstrained, why = reference_unconstrained(target, labelled_draws(fit.draws))
