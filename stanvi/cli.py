@@ -170,7 +170,12 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                              hvp_method=args.hvp_method, progress=not args.quiet, **options)
     finally:
         fit_logger.setLevel(level)
-    method_warnings = list(dict.fromkeys(str(w.message) for w in caught))
+    from stanvi.errors import NotConvergedWarning  # noqa: PLC0415
+
+    # a fit that did not converge says so once, in the diagnostics printed below (their
+    # warnings and 'stopped:' line); the NotConvergedWarning repeating it is not printed again
+    method_warnings = list(dict.fromkeys(str(w.message) for w in caught
+                                         if not issubclass(w.category, NotConvergedWarning)))
     tree_kwargs = {"log_likelihood": _group_spec(args.log_likelihood),
                    "posterior_predictive": _group_spec(args.posterior_predictive)}
     paths = fit.save(out_dir, basename=base, zarr=args.zarr, data_file=args.data,

@@ -1,100 +1,28 @@
-"""stanvi's progress displays, one module for every kind of long work:
+"""stanvi's progress displays, one module for every kind of long work, all drawn by ``tqdm``
+(issue 13 item 2): a bar redrawn on a terminal, a widget in a notebook (``tqdm.auto``), and in
+logs, CI and pipes (stderr not a terminal) a plain status line every few seconds, so that long
+fits, compiles and batches are never silent.
 
-* :class:`StageProgress` for work in named stages (compiling a model: stanc, C++, linking):
-  on a terminal one status line redrawn with the elapsed time; elsewhere (CI logs, pipes) one
-  printed line per stage and a closing ``done in … s`` / ``failed in … s`` line.
-* :class:`TaskProgress` for batches of tasks (done, failed, running, ETA), on terminals and in
-  notebooks and logs alike.
-* :class:`IterationProgress` for iterative methods, through ``tqdm.auto``: a bar redrawn on a
-  terminal, a widget in a notebook, and a status line every few seconds in logs and pipes.
+* :class:`StageProgress` for work in named stages (compiling a model: stanc, C++, linking): the
+  current stage and the elapsed time.
+* :class:`TaskProgress` for batches of tasks: done/total, ETA, failed and running tasks.
+* :class:`IterationProgress` for iterative methods: iterations, ELBO, oracle calls.
 
-The first two draw through :class:`StatusLine`, the one place that knows how a terminal line is
-redrawn and cleared.  Messages (the verdict after a fit ...) are not progress: they go through
-the ``logging`` hierarchy under ``"stanvi"`` (:mod:`stanvi.log`).
+Messages (a compile's start and end, the verdict after a fit ...) are not progress: they go
+through the ``logging`` hierarchy under ``"stanvi"`` (:mod:`stanvi.log`), so that
+``logging.getLogger("stanvi").setLevel(logging.WARNING)`` silences them while the displays stay,
+and ``progress=False`` (``--quiet``) turns the displays off and demotes those messages to DEBUG.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
 from types import TracebackType
 
-
-class StatusLine:
-    """One redrawable line on ``stream`` (default stderr); ``interactive`` when it is a tty."""
-
-    def __init__(self, enabled: bool = True, stream=None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.interactive = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.shown = False
-
-    def redraw(self, text: str) -> None:
-        """Replace the line with ``text`` (terminals only)."""
-        if self.interactive:
-            self.stream.write(f"\r{text}\033[K")
-            self.stream.flush()
-            self.shown = True
-
-    def finish(self, text: str | None = None) -> None:
-        """End the line: print ``text`` in its place (or as a plain line off a terminal), or
-        clear it when ``text`` is None."""
-        if text is not None and self.enabled:
-            prefix, suffix = ("\r", "\033[K") if self.interactive else ("", "")
-            print(f"{prefix}{text}{suffix}", file=self.stream, flush=True)
-        elif self.shown:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-        self.shown = False
-
-
-class StageProgress:
-    """Context manager: ``with StageProgress("compiling bernoulli") as p: p.stage("stanc")``."""
-
-    def __init__(self, title: str, *, enabled: bool = True, stream=None) -> None:
-        self.title = title
-        self.line = StatusLine(enabled, stream)
-        self._stage = ""
-        self._start = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        return self.line.enabled
-
-    def __enter__(self) -> "StageProgress":
-        self._start = time.perf_counter()
-        if self.line.interactive:
-            self._thread = threading.Thread(target=self._redraw_loop, daemon=True)
-            self._thread.start()
-        return self
-
-    def stage(self, name: str) -> None:
-        with self._lock:
-            self._stage = name
-        if self.line.enabled and not self.line.interactive:
-            print(f"stanvi: {self.title}: {name} ...", file=self.line.stream, flush=True)
-
-    @property
-    def elapsed(self) -> float:
-        return time.perf_counter() - self._start
-
-    def _redraw_loop(self) -> None:
-        while not self._stop.wait(0.25):
-            with self._lock:
-                text = f"stanvi: {self.title}: {self._stage} ({self.elapsed:4.0f} s)"
-            self.line.redraw(text)
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        outcome = "failed" if exc_type is not None else "done"
-        self.line.finish(f"stanvi: {self.title}: {outcome} in {self.elapsed:.1f} s")
+from stanvi.log import get_logger
 
 
 class _LineWriter:
@@ -123,6 +51,111 @@ def _in_notebook() -> bool:
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
+def _is_tty(stream) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def _live(stream) -> bool:
+    """True where a display is redrawn in place (a terminal, a notebook widget), False where
+    each draw is a new line (logs, CI, pipes)."""
+    return _is_tty(stream) or (stream is sys.stderr and _in_notebook())
+
+
+def _open_bar(stream, every: float, **kwargs):
+    """A tqdm bar on ``stream``: ``tqdm.auto``'s widget in a notebook (when ``stream`` is
+    stderr), a bar redrawn at most 10 times a second on a terminal, and elsewhere a plain line
+    at most every ``every`` seconds (:class:`_LineWriter`)."""
+    if stream is sys.stderr and _in_notebook():
+        from tqdm.auto import tqdm  # noqa: PLC0415
+
+        return tqdm(mininterval=0.1, **kwargs)
+    from tqdm import tqdm as text_tqdm  # noqa: PLC0415  (a plain text bar on this stream)
+
+    interactive = _is_tty(stream)
+    return text_tqdm(file=stream if interactive else _LineWriter(stream), ascii=not interactive,
+                     mininterval=0.1 if interactive else every, **kwargs)
+
+
+class _Ticker:
+    """Calls ``tick()`` every ``period`` seconds on a daemon thread until :meth:`stop`: tqdm
+    draws only when its count changes, and a compile stage or a batch waiting on a long task
+    must still show its elapsed time (and, off a terminal, a line every ``period`` seconds)."""
+
+    def __init__(self, period: float, tick) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(float(period), tick), daemon=True)
+        self._thread.start()
+
+    def _loop(self, period: float, tick) -> None:
+        while not self._stop.wait(period):
+            tick()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class StageProgress:
+    """Context manager for work in named stages::
+
+        with StageProgress("compiling bernoulli.stan") as p:
+            p.stage("stanc"); ...; p.stage("linking"); ...
+
+    Logs ``title + note`` when it starts and ``title: done in … s`` (or ``failed after … s``)
+    when it ends, at INFO on ``logger`` (default ``stanvi.stan``; DEBUG when disabled), and in
+    between shows ``title: stage [elapsed]``: redrawn every half second on a terminal (cleared at
+    the end: the log line follows), a widget in a notebook, and off a terminal one line per stage
+    and one every ``every`` seconds while a stage lasts."""
+
+    def __init__(self, title: str, *, enabled: bool = True, stream=None, every: float = 10.0,
+                 note: str = "", logger: logging.Logger | None = None) -> None:
+        self.title, self.note = title, note
+        self._enabled = bool(enabled)
+        self.stream = stream if stream is not None else sys.stderr
+        self.every = float(every)
+        self.logger = logger if logger is not None else get_logger("stan")
+        self._level = logging.INFO if self._enabled else logging.DEBUG
+        self._bar = None
+        self._ticker: _Ticker | None = None
+        self._start = time.perf_counter()
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    def __enter__(self) -> "StageProgress":
+        self._start = time.perf_counter()
+        self.logger.log(self._level, f"{self.title}{self.note}")
+        return self
+
+    def stage(self, name: str) -> None:
+        """Start stage ``name`` (shown at once)."""
+        self.logger.debug(f"{self.title}: {name}")
+        if not self._enabled:
+            return
+        text = f"{self.title}: {name}"
+        if self._bar is None:
+            self._bar = _open_bar(self.stream, self.every, desc=text, total=None, leave=False,
+                                  bar_format="{desc} [{elapsed}]", dynamic_ncols=True)
+            self._ticker = _Ticker(0.5 if _live(self.stream) else self.every, self._bar.refresh)
+        else:
+            self._bar.set_description_str(text, refresh=True)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._ticker is not None:
+            self._ticker.stop()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        outcome = "failed after" if exc_type is not None else "done in"
+        self.logger.log(self._level, f"{self.title}: {outcome} {self.elapsed:.1f} s")
+
+
 class IterationProgress:
     """Progress of an iterative method: ``trustvi: 12 it [00:03, 4.1 it/s, elbo=-32.3,
     oracle=412]``, drawn by ``tqdm.auto`` wherever the fit runs: redrawn on a terminal (at most 10
@@ -134,35 +167,23 @@ class IterationProgress:
         self.method = method
         self._enabled = bool(enabled)
         self.stream = stream if stream is not None else sys.stderr
-        self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.interactive = _is_tty(self.stream)
         self.every = float(every)
         self._bar = None
-        self._start = time.perf_counter()
 
     @property
     def enabled(self) -> bool:
         return self._enabled
 
-    def _open(self):
-        from tqdm.auto import tqdm  # noqa: PLC0415
-
-        notebook = self.stream is sys.stderr and _in_notebook()
-        kwargs = dict(desc=self.method, unit="it", dynamic_ncols=True, leave=not self.interactive,
-                      mininterval=0.1 if (self.interactive or notebook) else self.every,
-                      bar_format="{desc}: {n} it [{elapsed}, {rate_fmt}{postfix}]")
-        if notebook:
-            return tqdm(**kwargs)
-        from tqdm import tqdm as text_tqdm  # noqa: PLC0415  (a plain text bar on this stream)
-
-        stream = self.stream if self.interactive else _LineWriter(self.stream)
-        return text_tqdm(file=stream, ascii=not self.interactive, **kwargs)
-
     def update(self, iteration: int, **fields: float) -> None:
-        """Record iteration ``iteration`` with the fields to show (ELBO, oracle calls ...)."""
+        """Record iteration ``iteration`` with the fields to show (ELBO, oracle calls, a phase
+        such as TrustVI's ``refine`` ...)."""
         if not self._enabled:
             return
         if self._bar is None:
-            self._bar = self._open()
+            self._bar = _open_bar(self.stream, self.every, desc=self.method, unit="it",
+                                  dynamic_ncols=True, leave=not self.interactive,
+                                  bar_format="{desc}: {n} it [{elapsed}, {rate_fmt}{postfix}]")
         parts = {k: (f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in fields.items()}
         self._bar.set_postfix(parts, refresh=False)
         self._bar.update(max(int(iteration) - self._bar.n, 0))
@@ -175,23 +196,36 @@ class IterationProgress:
 
 
 class TaskProgress:
-    """Progress over the tasks of a batch: ``batch: 12/40 done (3 failed), 2 running, ETA 4m10s``.
-
-    On a terminal the line is redrawn at most once a second; elsewhere (notebooks, CI logs,
-    pipes) a plain line is printed every ``every`` seconds and at the end, so a notebook shows
-    progress without a widget library.  The ETA is the mean wall time per finished task so far
-    times the tasks left, counting only the tasks finished by this run (``already_done`` are
-    those a resumed batch found finished)."""
+    """Progress over the tasks of a batch, a tqdm bar: ``batch:  55%|#####5    | 11/20
+    [05:30<04:30, 30.00s/task, failed=1, running=2]`` (done/total, elapsed<ETA, failed and
+    running tasks), redrawn every second on a terminal, a widget in a notebook, and in logs and
+    pipes a line every ``every`` seconds (also while no task finishes) and at the end.  The ETA is
+    the mean wall time per task finished by this run times the tasks left (``already_done``: those
+    a resumed batch found finished, not in the rate).  Disabled (``progress=False``,
+    ``--quiet``), the same status goes to the ``stanvi.batch`` logger at DEBUG every ``every``
+    seconds and at the end."""
 
     def __init__(self, total: int, *, title: str = "batch", enabled: bool = True, stream=None,
-                 every: float = 30.0, already_done: int = 0) -> None:
-        self.line = StatusLine(enabled, stream)
+                 every: float = 30.0, already_done: int = 0,
+                 logger: logging.Logger | None = None) -> None:
         self.total, self.title, self.every = int(total), title, float(every)
         self.done, self.failed, self.running = int(already_done), 0, 0
         self._already = int(already_done)   # finished before this run: not in the ETA's rate
+        self.enabled = bool(enabled)
+        self.stream = stream if stream is not None else sys.stderr
+        self.logger = logger if logger is not None else get_logger("batch")
         self._start = self._last = time.perf_counter()
+        self._bar = None
+        self._ticker: _Ticker | None = None
+        if self.enabled:
+            self._bar = _open_bar(self.stream, self.every, desc=title, total=self.total,
+                                  initial=self._already, unit="task", smoothing=0, miniters=1,
+                                  dynamic_ncols=True, leave=True,
+                                  postfix={"failed": 0, "running": 0})
+            self._ticker = _Ticker(1.0 if _live(self.stream) else self.every, self._bar.refresh)
 
     def text(self) -> str:
+        """The status as one line: ``batch: 12/40 done (3 failed), 2 running, ETA 4m10s [60 s]``."""
         elapsed = time.perf_counter() - self._start
         left = self.total - self.done
         eta = ""
@@ -208,14 +242,22 @@ class TaskProgress:
         self.failed += failed
         if running is not None:
             self.running = running
+        if self._bar is not None:
+            self._bar.set_postfix(failed=self.failed, running=self.running, refresh=False)
+            self._bar.update(done)
+            return
         now = time.perf_counter()
-        if self.line.interactive:
-            if now - self._last >= 1.0 or self.done == self.total:
-                self._last = now
-                self.line.redraw(self.text())
-        elif self.line.enabled and now - self._last >= self.every:
+        if now - self._last >= self.every:
             self._last = now
-            print(self.text(), file=self.line.stream, flush=True)
+            self.logger.debug(self.text())
 
     def close(self) -> None:
-        self.line.finish(self.text())
+        """The final status: the bar's last line (kept), or a DEBUG message when disabled."""
+        if self._ticker is not None:
+            self._ticker.stop()
+            self._ticker = None
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        else:
+            self.logger.debug(self.text())

@@ -104,6 +104,8 @@ class _Capture(logging.Handler):
         self.setFormatter(logging.Formatter("stanvi: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith("stanvi.stan"):
+            return   # compile messages: there only when the compile cache is cold
         self.buffer.write(self.format(record) + "\n")
 
 

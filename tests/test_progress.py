@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import logging
+import time
 
 import pytest
 
@@ -14,26 +16,58 @@ class Tty(io.StringIO):
         return True
 
 
-def test_stage_progress_prints_one_line_per_stage_in_a_log():
+@pytest.fixture
+def stanvi_log(caplog):
+    """The records of the ``stanvi`` logger (which does not propagate to the root's handlers)."""
+    logger = logging.getLogger("stanvi")
+    logger.addHandler(caplog.handler)
+    caplog.handler.setLevel(logging.DEBUG)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield caplog
+    logger.setLevel(level)
+    logger.removeHandler(caplog.handler)
+
+
+def test_stage_progress_prints_one_line_per_stage_in_a_log(stanvi_log):
     log = io.StringIO()
-    with StageProgress("compiling m", stream=log) as bar:
+    with StageProgress("compiling m", stream=log, note=" (10-60 s)") as bar:
         bar.stage("stanc")
         bar.stage("linking")
     lines = log.getvalue().splitlines()
-    assert lines[:2] == ["stanvi: compiling m: stanc ...", "stanvi: compiling m: linking ..."]
-    assert lines[2].startswith("stanvi: compiling m: done in ") and len(lines) == 3
+    assert "\r" not in log.getvalue()
+    assert lines == ["compiling m: stanc [00:00]", "compiling m: linking [00:00]"]
+    info = [(r.name, r.getMessage()) for r in stanvi_log.records if r.levelno == logging.INFO]
+    assert info[0] == ("stanvi.stan", "compiling m (10-60 s)")
+    assert info[1][1].startswith("compiling m: done in ") and len(info) == 2
 
 
-def test_stage_progress_says_failed_and_is_silent_when_disabled():
+def test_stage_progress_redraws_on_a_terminal_with_the_elapsed_time():
+    """On a terminal the stage line is redrawn in place while a stage lasts (the elapsed time
+    moves without any call from the compiler) and cleared at the end."""
+    tty = Tty()
+    with StageProgress("compiling m", stream=tty) as bar:
+        bar.stage("C++")
+        time.sleep(1.2)
+    text = tty.getvalue()
+    assert text.startswith("\rcompiling m: C++ [00:00]") and "\n" not in text
+    assert text.count("\rcompiling m: C++ [") >= 2 and "[00:01]" in text
+    assert text.endswith("\r")
+
+
+def test_stage_progress_says_failed_and_is_silent_when_disabled(stanvi_log):
     log = io.StringIO()
     with pytest.raises(RuntimeError):
         with StageProgress("compiling m", stream=log):
             raise RuntimeError("boom")
-    assert "compiling m: failed in " in log.getvalue()
+    assert stanvi_log.records[-1].getMessage().startswith("compiling m: failed after ")
+    assert stanvi_log.records[-1].levelno == logging.INFO
+    stanvi_log.clear()
     quiet = io.StringIO()
     with StageProgress("compiling m", stream=quiet, enabled=False) as bar:
         bar.stage("stanc")
     assert quiet.getvalue() == ""
+    assert stanvi_log.records and all(r.levelno == logging.DEBUG for r in stanvi_log.records)
 
 
 def test_iteration_progress_redraws_on_a_terminal_and_clears_at_the_end():
@@ -67,14 +101,16 @@ def test_iteration_progress_writes_plain_lines_off_a_terminal():
 
 
 def test_task_progress_prints_off_a_terminal_and_times_this_runs_tasks(monkeypatch):
-    """Batch progress shows in logs and notebooks (stderr not a tty): a plain line every
-    ``every`` seconds and at the end; the ETA uses only the tasks this run finished."""
-    import io
+    """Batch progress shows in logs and notebooks (stderr not a tty): a tqdm line every
+    ``every`` seconds and at the end, with failed and running tasks; the ETA uses only the
+    tasks this run finished."""
+    import tqdm.std
 
     from stanvi import progress as pg
     from stanvi.progress import TaskProgress
 
     now = [100.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: now[0])
     monkeypatch.setattr(pg.time, "perf_counter", lambda: now[0])
     out = io.StringIO()
     bar = TaskProgress(20, stream=out, every=10.0, already_done=10)
@@ -85,8 +121,39 @@ def test_task_progress_prints_off_a_terminal_and_times_this_runs_tasks(monkeypat
     bar.update(running=1)                                # within `every`: no line
     now[0] = 160.0
     bar.update(done=1)                                   # 60 s for 2 tasks, 8 left
+    assert bar.text().startswith("batch: 12/20 done (1 failed), 1 running, ETA 4m00s")
     bar.close()
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("batch: 11/20 done (1 failed), 2 running, ETA 4m30s")
-    assert lines[1].startswith("batch: 12/20 done (1 failed), 1 running, ETA 4m00s")
-    assert lines[-1].startswith("batch: 12/20 done") and len(lines) == 3
+    assert "\r" not in out.getvalue()
+    assert lines[0].startswith("batch:  50%|#####     | 10/20 [00:00<?")
+    assert lines[0].endswith("failed=0, running=0]")
+    assert lines[1].startswith("batch:  55%|#####5    | 11/20 [00:30<04:30, 30.00s/task")
+    assert lines[1].endswith("failed=1, running=2]")
+    assert lines[2].startswith("batch:  60%|######    | 12/20 [01:00<04:00, 30.00s/task")
+    assert lines[2].endswith("failed=1, running=1]")
+    assert lines[-1] == lines[2] and len(lines) == 4     # close: the final state again
+
+
+def test_task_progress_keeps_printing_while_no_task_finishes():
+    """A batch waiting on long tasks still writes a line every ``every`` seconds in a log."""
+    from stanvi.progress import TaskProgress
+
+    out = io.StringIO()
+    bar = TaskProgress(3, stream=out, every=0.3)
+    time.sleep(1.1)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 4 and all(line.startswith("batch:   0%") for line in lines)
+
+
+def test_task_progress_disabled_logs_at_debug(stanvi_log):
+    from stanvi.progress import TaskProgress
+
+    out = io.StringIO()
+    bar = TaskProgress(2, stream=out, enabled=False, every=0.0)
+    bar.update(done=1, failed=1)
+    bar.close()
+    assert out.getvalue() == ""
+    records = [r for r in stanvi_log.records if r.name == "stanvi.batch"]
+    assert records and all(r.levelno == logging.DEBUG for r in records)
+    assert records[-1].getMessage().startswith("batch: 1/2 done (1 failed), 0 running")

@@ -194,13 +194,16 @@ def refine_after_stop(est, family, params, o, key, ledger, trace, k: int, delta:
                       message: str, info: dict, context) -> tuple[np.ndarray, str, str]:
     """Certify a stochastic method's stop (TrustVI's options ``o``: ``refine_draws``,
     ``refine_hess``, ``refine_tol``, ``refine_max_iters``, ``refine_delta0``, ``metric``,
-    ``max_gradient_drops_factor``) by refining on ``refine_draws`` fixed draws (:func:`refine`); the refinement's iterations continue the trace
-    (``phase="refine"``).  Returns (params, status, message): ``converged`` only when the
+    ``max_gradient_drops_factor``) by refining on ``refine_draws`` fixed draws (:func:`refine`);
+    the refinement's iterations continue the trace (``phase="refine"``) and the fit's progress
+    display (``phase=refine``).  Returns (params, status, message): ``converged`` only when the
     fixed-draw Newton decrement fell below ``refine_tol``; otherwise ``max_iters`` with the
     reason, and the refined iterate (never worse on the fixed draws than the stopping point)."""
     def record(it, p, elbo, decrement, radius):
         trace.record(k + it, p, ledger, phase="refine", elbo=elbo, newton_gain=decrement,
                      delta=radius)
+        # the fit's progress display goes on through the refinement (issue 13 item 2)
+        context.progress.update(k + it, elbo=elbo, oracle=ledger.scaled, phase="refine")
 
     # retrospective approximation (Pasupathy 2010): a cheap stage on fewer draws solved to its
     # own statistical accuracy (~P/(2N) nats), then the certifying stage warm-started from it

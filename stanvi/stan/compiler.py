@@ -22,13 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stanvi.errors import StanCompileError, ToolchainError
-from stanvi.stan.cache import cache_root, file_sha256, lock_for, model_key
+from stanvi.log import get_logger
 from stanvi.progress import StageProgress
+from stanvi.stan.cache import cache_root, file_sha256, lock_for, model_key
 from stanvi.stan.toolchain import (GLUE_SOURCE, Toolchain, find_toolchain, glue_fingerprint,
                                    library_fingerprint)
 
 _BUILD_RECORD = "build.json"
 _PCH_HEADER = "stanvi_pch.hpp"
+# compile messages (start, end, cache hits at DEBUG) go to "stanvi.stan" (stanvi.log)
+logger = get_logger("stan")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ def compile_model(model: str | os.PathLike, *, name: str | None = None, progress
     (only to measure what the private ones save, see ``toolchain.STATIC_RUNTIME_FLAGS``).
     Raises :class:`StanCompileError` with stanc's message and line for an invalid program, and
     :class:`ToolchainError` when the C++ toolchain is missing.
+
+    A build is announced and timed on the ``stanvi.stan`` logger (INFO; DEBUG with
+    ``progress=False``) with a stage display in between (:class:`~stanvi.progress.StageProgress`);
+    a cache hit is logged at DEBUG only (it is every fit's normal case).
     """
     code, path = _read_program(model)
     name = _model_name(name or (Path(path).stem if path else "model"))
@@ -68,14 +75,18 @@ def compile_model(model: str | os.PathLike, *, name: str | None = None, progress
     tc_dir = cache_root() / toolchain.fingerprint
     key = model_key(code + library_fingerprint(static_runtime), name)
     entry = tc_dir / "models" / f"{name}-{key}"
+    shown = Path(path).name if path else f"{name}.stan"
     if not force:
         found = _load_record(entry)
         if found is not None:
+            logger.debug(f"{shown}: using the cached library {found.library}")
             return found
     with lock_for(tc_dir, entry.name):
         if not force:
             found = _load_record(entry)  # another process may have built it while we waited
             if found is not None:
+                logger.debug(f"{shown}: using the cached library {found.library} (built by "
+                             f"another process while this one waited)")
                 return found
         return _build(code, path, name, entry, toolchain, tc_dir, progress, static_runtime)
 
@@ -130,7 +141,8 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
     hpp = entry / "model.hpp"
     shown = Path(path).name if path else f"{name}.stan"
     start = time.perf_counter()
-    with StageProgress(f"compiling {shown}", enabled=progress) as bar:
+    with StageProgress(f"compiling {shown}", enabled=progress, logger=logger,
+                       note=" (10-60 s; later runs use the cached library)") as bar:
         bar.stage("stanc")
         _stanc(toolchain, stan_file, hpp, name, path)
         library = entry / f"lib{name}.so"
