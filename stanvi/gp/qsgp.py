@@ -1,0 +1,297 @@
+"""The QSGP training loop (spec §3): sparse AdaGrad on (μ, C, RVM log s), Adam on θ after a
+freeze, the data-Gram control variate kept up to date incrementally (Prop 3), all inside one
+jit-compiled ``lax.scan`` over ``chunk`` steps with the state donated, so every m-sized array
+is updated in place and a step costs the same for any n and m (spec §2.7, §3 "JAX
+requirements").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stanvi.errors import VIError
+from stanvi.gp.estimators import Sizes, Slices, draw_indices, gather, make_batch, objective
+from stanvi.gp.families import VParams, dense_columns, make_gp_family
+from stanvi.gp.likelihoods import Gaussian
+from stanvi.gp.optim import adagrad_sparse, adam
+
+
+@dataclass(frozen=True)
+class Options:
+    """QSGP options; defaults from spec §5 ("stanvi default" column).
+
+    * ``batch_size`` n~ = min(n, 500); ``basis_batch_size`` m~ = min(m, 10⁴);
+      ``diag_batch_size`` m~_r (None: m~) — Table 2 settings.
+    * ``cv_rank`` n_bar = 500 support rows for the data-Gram control variate (Gaussian
+      likelihood only; 0 turns it off).
+    * ``num_steps`` T = 10⁵; ``lr`` AdaGrad 0.1 with exponential decay to ``lr_decay``·lr at T
+      (γ = 0.1^{1/T}); ``adagrad_init`` = 0.1 (the accumulator's start, TF's default, A13).
+    * ``learn_hyperparameters`` (empirical Bayes) with Adam at ``hyper_lr`` = 1e-5, frozen for
+      the first ``freeze_steps`` (None: 10 % of T).
+    * ``chunk``: steps per compiled call (one row of the ELBO trace: the mean of the chunk's
+      stochastic ELBO estimates); ``exact_elbo_every``: also log the exact ELBO every that many
+      chunks (small problems only; 0 = never).
+    """
+
+    batch_size: int = 500
+    basis_batch_size: int = 10_000
+    diag_batch_size: int | None = None
+    cv_rank: int = 500
+    num_steps: int = 100_000
+    lr: float = 0.1
+    lr_decay: float = 0.1
+    adagrad_init: float = 0.1
+    learn_hyperparameters: bool = True
+    hyper_lr: float = 1e-5
+    freeze_steps: int | None = None
+    chunk: int = 100
+    exact_elbo_every: int = 0
+
+
+def make_options(overrides: dict) -> Options:
+    names = {f.name for f in fields(Options)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for qsgp; valid options: {sorted(names)}")
+    return Options(**overrides)
+
+
+class State(NamedTuple):
+    mu: jax.Array
+    ld: jax.Array
+    L: jax.Array
+    logs: jax.Array
+    G_mu: jax.Array
+    G_ld: jax.Array
+    G_L: jax.Array
+    G_logs: jax.Array
+    theta: dict
+    m1: dict
+    m2: dict
+    a_mu: jax.Array
+    A: jax.Array
+    t: jax.Array
+
+
+class Data(NamedTuple):
+    X: jax.Array
+    y: jax.Array
+    Xp: jax.Array      # control-variate support rows
+    arrays: dict
+    theta0: dict
+
+
+def check_model(model) -> None:
+    """Refuse what QSGP cannot fit (spec §1.3, §8)."""
+    if not getattr(model.likelihood, "is_log_concave", False):
+        raise VIError(f"qsgp needs a log-concave likelihood: {model.likelihood.name} is not, so "
+                      "the stochastic lower bound of QSGP (spec §2.4) does not hold for it")
+    if not hasattr(model.likelihood, "expected_log_site"):
+        raise VIError(f"likelihood {model.likelihood.name} has no expected log site function")
+
+
+def sizes_for(model, family, opts: Options) -> Sizes:
+    n, m = model.n, model.m
+    k = family.num_dense(m)
+    mt = min(m, int(opts.basis_batch_size))
+    nt = min(n, int(opts.batch_size))
+    mr = 0 if k >= m else int(opts.diag_batch_size or mt)
+    nbar = int(opts.cv_rank) if isinstance(model.likelihood, Gaussian) else 0
+    nbar = min(nbar, n)
+    for name, value in (("batch_size", nt), ("basis_batch_size", mt)):
+        if value < 1:
+            raise ValueError(f"qsgp option {name} must be >= 1, got {value}")
+    return Sizes(n=n, m=m, k=k, nt=nt, mt=mt, mr=mr, nbar=nbar)
+
+
+def hyper_mask(model, learn: bool) -> dict:
+    """1.0 for the hyperparameters QSGP learns (basis.learnable, Gaussian.learn_noise)."""
+    out = {}
+    for key in model.theta:
+        on = learn
+        if key in ("log_ell", "log_sf2"):
+            on = on and model.basis.learnable
+        if key == "log_noise":
+            on = on and getattr(model.likelihood, "learn_noise", True)
+        out[key] = jnp.asarray(1.0 if on else 0.0)
+    return out
+
+
+def init_state(model, sz: Sizes, opts: Options, key: jax.Array) -> tuple[State, Data]:
+    """μ = 0; off-diagonals 0; c_rr from Prop 1 (spec §2.2, §3 init); p = n_bar random rows;
+    a = Φ0[p] μ = 0, A = Φ0[p, :k] diag(c_rr[:k])."""
+    m, k = sz.m, sz.k
+    theta = {kk: jnp.asarray(v, dtype=jnp.float64) for kk, v in model.theta.items()}
+    noise = model.likelihood.init_noise_var(theta)
+    c0 = jnp.asarray(model.basis.init_diag_sd(model.n, noise, theta, model.arrays, model.X))
+    logs = (jnp.full((m,), math.log(model.basis.s0)) if model.basis.per_basis_precision
+            else jnp.zeros((0,)))
+    g0 = float(opts.adagrad_init)
+    rng = np.random.default_rng(np.asarray(jax.random.randint(key, (), 0, 2**31 - 1)).item())
+    p = rng.choice(model.n, size=sz.nbar, replace=False) if sz.nbar else np.zeros(0, int)
+    X = jnp.asarray(model.X)
+    Xp = X[jnp.asarray(p)] if sz.nbar else jnp.zeros((0, model.d))
+    A = jnp.zeros((sz.nbar, k))
+    if sz.nbar and k:
+        A = model.basis.features(model.arrays, Xp, jnp.arange(k), theta) * c0[:k][None, :]
+    state = State(mu=jnp.zeros(m), ld=jnp.log(c0), L=jnp.zeros((m, k)), logs=logs,
+                  G_mu=jnp.full((m,), g0), G_ld=jnp.full((m,), g0), G_L=jnp.full((m, k), g0),
+                  G_logs=jnp.full(logs.shape, g0), theta=theta,
+                  m1=jax.tree.map(jnp.zeros_like, theta), m2=jax.tree.map(jnp.zeros_like, theta),
+                  a_mu=jnp.zeros(sz.nbar), A=A, t=jnp.asarray(0, jnp.int32))
+    data = Data(X=X, y=jnp.asarray(model.y), Xp=Xp, arrays=model.arrays,
+                theta0={kk: jnp.array(v, copy=True) for kk, v in theta.items()})
+    return state, data
+
+
+def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
+    """One QSGP step (spec §3 loop body) as a pure function (state, data, key) -> (state, elbo^)."""
+    T = int(opts.num_steps)
+    gamma = float(opts.lr_decay) ** (1.0 / max(T, 1))
+    freeze = int(opts.freeze_steps if opts.freeze_steps is not None else T // 10)
+    mask = hyper_mask(model, bool(opts.learn_hyperparameters))
+    learn_any = any(float(v) for v in mask.values())
+    k = sz.k
+    rvm = model.basis.per_basis_precision
+
+    def loss_fn(sl, theta, batch, arrays):
+        return objective(model, sz, sl, theta, batch, arrays, logdet_S_const)
+
+    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1))
+
+    def step(state: State, data: Data, key: jax.Array):
+        t = state.t + 1
+        l, i, j, r = draw_indices(jax.random.fold_in(key, t), sz)
+        batch = make_batch(sz, data.X, data.y, data.Xp, l, i, j, r, model.basis, data.arrays,
+                           data.theta0, state.a_mu, state.A)
+        W = batch.W
+        sl = Slices(mu=gather(state.mu, W), ld=gather(state.ld, W),
+                    L=state.L.at[W].get(mode="fill", fill_value=0.0),
+                    logs=gather(state.logs, W) if rvm else state.logs)
+        loss, (g_sl, g_th) = grad_fn(sl, state.theta, batch, data.arrays)
+        lr = opts.lr * gamma ** t.astype(jnp.float64)
+        mu, G_mu, mu_W = adagrad_sparse(state.mu, state.G_mu, W, sl.mu, g_sl.mu, lr)
+        ld, G_ld, ld_W = adagrad_sparse(state.ld, state.G_ld, W, sl.ld, g_sl.ld, lr)
+        L, G_L, L_W = state.L, state.G_L, sl.L
+        if k:
+            L, G_L, L_W = adagrad_sparse(state.L, state.G_L, W, sl.L, g_sl.L, lr)
+        logs, G_logs = state.logs, state.G_logs
+        if rvm:
+            logs, G_logs, _ = adagrad_sparse(state.logs, state.G_logs, W, sl.logs, g_sl.logs, lr)
+        a_mu, A = state.a_mu, state.A
+        if sz.nbar:   # Prop 3: a <- a + Φ0[p, U](μ_U_new − μ_U_old), after the step (A6)
+            a_mu = a_mu + batch.Phi0 @ (mu_W - sl.mu)
+            if k:
+                A = A + batch.Phi0 @ (dense_columns(W, L_W, ld_W[batch.pk], k)
+                                      - dense_columns(W, sl.L, sl.ld[batch.pk], k))
+        theta, m1, m2 = state.theta, state.m1, state.m2
+        if learn_any:
+            lr_th = opts.hyper_lr * gamma ** t.astype(jnp.float64)
+            th_new, m1_new, m2_new = adam(theta, g_th, m1, m2, t - freeze, lr_th, mask)
+            on = t > freeze
+            pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(on, a, b), new, old)  # noqa: E731
+            theta, m1, m2 = pick(th_new, theta), pick(m1_new, m1), pick(m2_new, m2)
+        new = State(mu, ld, L, logs, G_mu, G_ld, G_L, G_logs, theta, m1, m2, a_mu, A, t)
+        return new, -loss
+
+    return step
+
+
+def make_chunk_runner(step, length: int):
+    """``length`` steps in one compiled call, the state donated (updated in place)."""
+
+    @partial(jax.jit, donate_argnums=(0,))
+    def run_chunk(state, data, key):
+        return jax.lax.scan(lambda s, _: step(s, data, key), state, None, length=length)
+
+    return run_chunk
+
+
+def logdet_constant(model) -> float | None:
+    if model.basis.is_diagonal:
+        return None
+    return model.basis.logdet_precision_exact(model.arrays, model.theta)
+
+
+def run(model, family, *, seed: int = 0, options: Options, progress: bool = False):
+    """Fit ``model`` with QSGP; returns a :class:`stanvi.gp.result.GPFit`."""
+    from stanvi.gp.result import GPFit  # noqa: PLC0415
+
+    check_model(model)
+    family = make_gp_family(family)
+    sz = sizes_for(model, family, options)
+    T = int(options.num_steps)
+    if T < 1:
+        raise ValueError(f"qsgp option num_steps must be >= 1, got {T}")
+    chunk = max(1, min(int(options.chunk), T))
+    key = jax.random.PRNGKey(seed)
+    t0 = time.perf_counter()
+    state, data = init_state(model, sz, options, jax.random.fold_in(key, 10**6))
+    logdet_S = logdet_constant(model)
+    step = make_step(model, sz, options, logdet_S)
+    runner = make_chunk_runner(step, chunk)
+    tail = T % chunk
+    runner_tail = make_chunk_runner(step, tail) if tail else None
+    trace: list[dict] = [{"iteration": 0, "elbo": float("nan"), "wall_time": 0.0}]
+    compile_time = 0.0
+    done = 0
+    n_chunks = 0
+    status, message = "max_iters", f"ran num_steps={T} steps"
+    compiled = {}
+    while done < T:
+        length = chunk if T - done >= chunk else tail
+        if length not in compiled:
+            c0 = time.perf_counter()
+            fn = runner if length == chunk else runner_tail
+            compiled[length] = fn.lower(state, data, key).compile()
+            compile_time += time.perf_counter() - c0
+        state, elbos = compiled[length](state, data, key)
+        elbos = np.asarray(elbos)
+        done += length
+        n_chunks += 1
+        if not np.all(np.isfinite(elbos)):
+            status = "failed"
+            message = f"the ELBO estimate became non-finite at step ~{done} (lower lr?)"
+            trace.append({"iteration": done, "elbo": float("nan"),
+                          "wall_time": time.perf_counter() - t0})
+            break
+        row = {"iteration": done, "elbo": float(np.mean(elbos)),
+               "lr": float(options.lr * (options.lr_decay ** (done / T))),
+               "wall_time": time.perf_counter() - t0}
+        if options.exact_elbo_every and n_chunks % int(options.exact_elbo_every) == 0:
+            row["exact_elbo"] = model.exact_elbo(_vparams(state), state.theta,
+                                                 state.logs if state.logs.size else None)
+        trace.append(row)
+    wall = time.perf_counter() - t0
+    info = {"sizes": sz.__dict__, "logdet_S": logdet_S, "steps": done}
+    if sz.nbar and sz.m * sz.nbar <= 5 * 10**7:
+        info["cv_drift"] = cv_drift(model, state, data, sz)
+    if status == "failed":
+        raise VIError(f"qsgp: {message}")
+    return GPFit(model=model, method="qsgp", family=family, params=_vparams(state, numpy=True),
+                 theta={kk: np.asarray(v) for kk, v in state.theta.items()},
+                 log_s=np.asarray(state.logs) if state.logs.size else None, options=options,
+                 seed=seed, trace=trace, status=status, message=message, wall_time=wall,
+                 compile_time=compile_time, info=info)
+
+
+def cv_drift(model, state: State, data: Data, sz: Sizes) -> float:
+    """‖a − Φ0[p] μ‖ / ‖Φ0[p] μ‖: how far the incrementally kept control-variate vector has
+    drifted from its definition (Prop 3; ~1e-12 in float64).  O(n_bar m), once per fit."""
+    P0 = np.asarray(model.basis.features(model.arrays, data.Xp, jnp.arange(sz.m), data.theta0))
+    ref = P0 @ np.asarray(state.mu)
+    return float(np.linalg.norm(np.asarray(state.a_mu) - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def _vparams(state: State, numpy: bool = False) -> VParams:
+    if numpy:
+        return VParams(np.asarray(state.mu), np.asarray(state.ld), np.asarray(state.L))
+    return VParams(state.mu, state.ld, state.L)
