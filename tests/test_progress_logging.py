@@ -9,6 +9,7 @@ costs a stanc run, no C++ build)."""
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -161,3 +162,31 @@ def test_a_cli_fit_that_did_not_converge_warns_once(tmp_path, capsys):
             if "not because it converged" in line or "before converging" in line]
     assert said == ["warning: the method stopped at its iteration limit, not because it "
                     "converged: the approximation may be far from the optimum"]
+
+
+def test_waiting_for_another_compile_of_the_same_model_is_said(tmp_path, stanvi_log):
+    """A compile that finds another process building the same model waits on its lock; the
+    wait is announced (INFO), not silent."""
+    import threading  # noqa: PLC0415
+
+    from stanvi.stan import compiler  # noqa: PLC0415
+
+    held = threading.Event()
+
+    def hold():                                         # another holder of the entry's lock
+        with compiler.lock_for(tmp_path, "m-key"):
+            held.set()
+            time.sleep(0.5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    with compiler._locked(tmp_path, "m-key", "m.stan", progress=True):
+        pass
+    holder.join()
+    assert messages(stanvi_log, "stanvi.stan", logging.INFO) == [
+        "m.stan: waiting for another process that is compiling it"]
+    stanvi_log.clear()
+    with compiler._locked(tmp_path, "m-key", "m.stan", progress=True):   # free: nothing said
+        pass
+    assert stanvi_log.records == []

@@ -13,13 +13,17 @@ is (``CompiledModel.hvp_exact``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import Timeout
 
 from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.log import get_logger
@@ -81,7 +85,7 @@ def compile_model(model: str | os.PathLike, *, name: str | None = None, progress
         if found is not None:
             logger.debug(f"{shown}: using the cached library {found.library}")
             return found
-    with lock_for(tc_dir, entry.name):
+    with _locked(tc_dir, entry.name, shown, progress):
         if not force:
             found = _load_record(entry)  # another process may have built it while we waited
             if found is not None:
@@ -89,6 +93,22 @@ def compile_model(model: str | os.PathLike, *, name: str | None = None, progress
                              f"another process while this one waited)")
                 return found
         return _build(code, path, name, entry, toolchain, tc_dir, progress, static_runtime)
+
+
+@contextmanager
+def _locked(tc_dir: Path, lock_name: str, shown: str, progress: bool):
+    """The cache entry's lock; a wait for another process's build of it is said, not silent."""
+    lock = lock_for(tc_dir, lock_name)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        logger.log(logging.INFO if progress else logging.DEBUG,
+                   f"{shown}: waiting for another process that is compiling it")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _read_program(model: str | os.PathLike) -> tuple[str, str | None]:
