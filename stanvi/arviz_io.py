@@ -447,6 +447,8 @@ def log_g(fit) -> np.ndarray:
     """Stan's ``log_g__`` for each output draw: −½‖ε‖², i.e. log q without its constants
     (``log q + H(q) − D/2``; Stan's ``advi::run``, docs/algorithms.md#advi-output)."""
     d = int(fit.unconstrained_draws.shape[1])
+    if not hasattr(fit.family, "entropy"):   # the mixture: log q without the N(0, I) constant
+        return np.asarray(fit.log_q, dtype=float) + 0.5 * d * np.log(2 * np.pi)
     entropy = float(fit.family.entropy(np.asarray(fit.params)))
     return np.asarray(fit.log_q, dtype=float) + entropy - 0.5 * d
 

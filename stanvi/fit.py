@@ -423,7 +423,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         seed: int | None = None, init=None, max_oracle_calls: float | None = None,
         progress: bool = True, draws: int = 1000, profile: str | None = None,
         dim: int | None = None, hvp_method: str | None = None, require_converged: bool = False,
-        **options) -> Fit:
+        family_options: Mapping[str, Any] | None = None, **options) -> Fit:
     """Fit a variational approximation.
 
     Args:
@@ -432,7 +432,10 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         data: the Stan data (dict, JSON path or JSON string).
         method: 'trustvi' (default), 'advi', 'hfsgvi', 'jointcv' or 'mlmcvi' (see
             ``stanvi.methods.available()``).
-        family: 'meanfield' (default) or 'fullrank'.
+        family: 'meanfield' (default), 'fullrank', or 'mixture' (a Gaussian mixture whose
+            weights' gradient is Rao-Blackwellized, docs/discrete.md; method 'advi' only).
+        family_options: the family's settings, e.g. for 'mixture' ``{"n_components": 3,
+            "component_budget": 2}`` (:class:`stanvi.families.GaussianMixture`).
         seed: integer seed from 0 to 2**32 - 1 (default 0); the same seed gives the same
             result.
         init: None (the method's rule), 'zero', 'random' (Stan's uniform(−2, 2)), a dict of
@@ -463,9 +466,13 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
                       "Stan's fixed_param sampler for its generated quantities)")
     module = get_method(method)
     opts = make_options(module, profile, options)
-    fam_kwargs = {}
+    fam_kwargs = dict(family_options or {})
     if family == "fullrank" and hasattr(opts, "fullrank_diagonal"):
         fam_kwargs["diagonal"] = opts.fullrank_diagonal
+    if family == "mixture" and not getattr(module, "SUPPORTS_MIXTURE", False):
+        from stanvi.discrete.mixture_elbo import unsupported_message  # noqa: PLC0415
+
+        raise VIError(unsupported_message(method))
     fam = make_family(family, target.dim, **fam_kwargs)
     init_mu, random_mu = _initial_mu(target, init, seed)
     _check_init(target, init_mu)

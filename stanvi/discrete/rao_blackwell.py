@@ -153,7 +153,7 @@ def budget_columns(key: Array, lp: Array, budget: int, rule: str = "prop2",
     """``budget = M < K`` columns per row: the first k̂ (:func:`choose_k`) are the top
     categories with weight ``q(z)``, the other ``M − k̂`` are iid draws from ``q|C̄_k̂`` with
     weight ``ε_k̂/(M − k̂)`` (spec §2 (b)); k̂ is traced, shapes static."""
-    K, M = lp.shape[-1], int(budget)
+    M = int(budget)
     top, p_top, eps_all = remainder_masses(lp, M)
     khat = choose_k(eps_all, M, rule, mass_tol, k)
     rank = jnp.full(lp.shape, M, jnp.int32)
@@ -356,7 +356,14 @@ def rb_terms(log_probs: Array, top_idx: Array, v: Array, f: Callable[[Array], Ar
     draws; ``v`` must lie in the complement of ``top_idx`` (where ε > 0)."""
     base = reinforce() if base is None else base
     log_probs = jnp.asarray(log_probs)
-    lp = sg(log_probs)
+    cols = columns_for(sg(log_probs), top_idx, v)
+    key = jax.random.PRNGKey(0) if key is None else key
+    return _evaluate(key, log_probs, f, cols, base, baseline_value)
+
+
+def columns_for(lp: Array, top_idx: Array, v: Array) -> Columns:
+    """The :class:`Columns` of a given summed set ``top_idx`` (..., k) and given remainder draws
+    ``v`` (..., n) (or (...,)); ``lp`` normalised and stop-gradient."""
     K = lp.shape[-1]
     top_idx = jnp.asarray(top_idx, jnp.int32)
     v = jnp.asarray(v, jnp.int32)
@@ -364,21 +371,17 @@ def rb_terms(log_probs: Array, top_idx: Array, v: Array, f: Callable[[Array], Ar
         v = v[..., None]
     n = v.shape[-1]
     p = jnp.exp(lp)
-    k = top_idx.shape[-1]
-    if k == 0:
-        cols = Columns(v, jnp.full(v.shape, 1.0 / n), jnp.ones(v.shape, bool), None,
+    if top_idx.shape[-1] == 0:
+        return Columns(v, jnp.full(v.shape, 1.0 / n), jnp.ones(v.shape, bool), None,
                        jnp.ones(lp.shape[:-1]), jnp.full(lp.shape[:-1], n, jnp.int32))
-    else:
-        mask = _top_mask(top_idx, K)
-        eps = jnp.exp(_log_mass(lp, mask))
-        cols = Columns(jnp.concatenate([top_idx, v], -1),
-                       jnp.concatenate([jnp.take_along_axis(p, top_idx, -1),
-                                        jnp.broadcast_to((eps / n)[..., None], v.shape)], -1),
-                       jnp.concatenate([jnp.zeros(top_idx.shape, bool),
-                                        jnp.ones(v.shape, bool)], -1),
-                       mask, eps, jnp.full(lp.shape[:-1], n, jnp.int32))
-    key = jax.random.PRNGKey(0) if key is None else key
-    return _evaluate(key, log_probs, f, cols, base, baseline_value)
+    mask = _top_mask(top_idx, K)
+    eps = jnp.exp(_log_mass(lp, mask))
+    return Columns(jnp.concatenate([top_idx, v], -1),
+                   jnp.concatenate([jnp.take_along_axis(p, top_idx, -1),
+                                    jnp.broadcast_to((eps / n)[..., None], v.shape)], -1),
+                   jnp.concatenate([jnp.zeros(top_idx.shape, bool), jnp.ones(v.shape, bool)],
+                                   -1),
+                   mask, eps, jnp.full(lp.shape[:-1], n, jnp.int32))
 
 
 def exact_surrogate(log_probs: Array, f: Callable[[Array], Array]) -> Array:

@@ -61,8 +61,15 @@ DEFAULT_ESTIMATOR = "reparameterization"
 def estimator_for(target, family, name: str = DEFAULT_ESTIMATOR) -> Estimator:
     """The estimator ``name`` of (target, family), built once and kept on the target, so
     repeated fits of the same model (seeds, benchmarks) compile their JAX functions only once."""
+    if getattr(family, "name", "") == "mixture":   # no per-draw reparameterization gradient
+        from stanvi.discrete.mixture_elbo import MixtureEstimator  # noqa: PLC0415
+
+        factory = MixtureEstimator
+        name = "mixture"
+    else:
+        factory = None
     try:
-        factory = ESTIMATORS[name]
+        factory = factory or ESTIMATORS[name]
     except KeyError:
         raise ValueError(f"unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}") from None
     cache = target.__dict__.setdefault("_stanvi_estimators", {})

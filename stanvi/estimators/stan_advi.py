@@ -72,6 +72,10 @@ def stan_calc_grad(family, log_density: Callable, n: int) -> Callable:
     arithmetic is Stan's (:func:`stan_gradient_pieces`) where Stan has the family, else the mean
     of the autodiff gradients of ℓ (:func:`stanvi.estimators.elbo.elbo_term`).
     """
+    if getattr(family, "name", "") == "mixture":   # RB over components (spec §5a)
+        from stanvi.discrete.mixture_elbo import mixture_calc_grad  # noqa: PLC0415
+
+        return mixture_calc_grad(family, log_density, n)
     dim, n_params, limit = family.dim, family.n_params, GRAD_RETRIES * n
     stan_pieces = stan_gradient_pieces(family)
     index = jnp.arange(n)
@@ -147,6 +151,12 @@ def _elbo_pieces(estimator: ElboEstimator):
     """Jitted (params, eps) ↦ (log p(z_j) for each row, H(q)), cached weakly per estimator."""
     if estimator not in _ELBO_PIECES:
         family, log_density = estimator.family, estimator.log_density
+        if not hasattr(family, "entropy"):   # the mixture: no closed form; log p − log q per draw
+            from stanvi.discrete.mixture_elbo import elbo_values  # noqa: PLC0415
+
+            values = elbo_values(family, log_density)
+            _ELBO_PIECES[estimator] = jax.jit(lambda params, eps: (values(params, eps), 0.0))
+            return _ELBO_PIECES[estimator]
         _ELBO_PIECES[estimator] = jax.jit(lambda params, eps: (
             jax.vmap(log_density)(family.sample(params, eps)), family.entropy(params)))
     return _ELBO_PIECES[estimator]

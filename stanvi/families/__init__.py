@@ -1,7 +1,10 @@
 """Variational families (see :mod:`stanvi.families.gaussian`)."""
 
 from stanvi.families.gaussian import FAMILIES, FullRank, MeanField, make_family
+from stanvi.families.mixture import GaussianMixture
 
-Family = MeanField | FullRank
+FAMILIES["mixture"] = GaussianMixture   # make_family("mixture", dim, n_components=..., ...)
 
-__all__ = ["FAMILIES", "Family", "FullRank", "MeanField", "make_family"]
+Family = MeanField | FullRank | GaussianMixture
+
+__all__ = ["FAMILIES", "Family", "FullRank", "GaussianMixture", "MeanField", "make_family"]

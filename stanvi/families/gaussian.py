@@ -241,7 +241,7 @@ FAMILIES = {"meanfield": MeanField, "fullrank": FullRank}
 
 
 def make_family(name: str, dim: int, **kwargs) -> MeanField | FullRank:
-    """A family by name ('meanfield' or 'fullrank')."""
+    """A family by name ('meanfield', 'fullrank', or 'mixture': stanvi.families.mixture)."""
     try:
         cls = FAMILIES[name]
     except KeyError:

@@ -157,6 +157,17 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 DEFAULT_PROFILE = "stan"
 ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
+SUPPORTS_MIXTURE = True   # family='mixture': Stan's SGD on the mixture's RB gradient (stanvi.discrete)
+
+
+def _gradient_draws(s) -> int:
+    """Log-density gradients per SGD gradient: ``grad_samples``; for the mixture family M
+    components × S draws (:func:`stanvi.discrete.mixture_elbo.draws_per_gradient`)."""
+    if getattr(s.family, "name", "") == "mixture":
+        from stanvi.discrete.mixture_elbo import draws_per_gradient  # noqa: PLC0415
+
+        return draws_per_gradient(s.family, s.opt.grad_samples)
+    return s.opt.grad_samples
 
 
 # --------------------------------------------------------------------------------- state
@@ -215,19 +226,19 @@ def _next_step(s: _Setup, state: State, t: int, limit: int, phase: str):
     o, chunk = s.opt, state.chunk
     if chunk is None or (state.read == chunk.n_done and not chunk.fatal):
         p, h = (s.params0, np.zeros_like(s.params0)) if chunk is None else (chunk.params, chunk.s)
-        n = steps_within_budget(s.context, s.ledger.scaled, o.grad_samples / 256.0,
+        n = steps_within_budget(s.context, s.ledger.scaled, _gradient_draws(s) / 256.0,
                                 min(_chunk_for(s.family), limit))
         chunk = advance(s.est, p, h, k0=state.k, n_steps=n, t0=t - 1, eta=state.eta, key=s.key,
                         absorb=phase == "adapt", grad_samples=o.grad_samples)
         # the failed gradient's drops are not in chunk.drops
         s.info["grad_draws_dropped"] += int(chunk.drops.sum()) + chunk.fatal_drops
         s.info["grad_failures"] += int(np.count_nonzero(chunk.grad_failed)) + int(chunk.fatal)
-        s.ledger.redrawn(chunk.evaluated - (chunk.n_done + int(chunk.fatal)) * o.grad_samples)
+        s.ledger.redrawn(chunk.evaluated - (chunk.n_done + int(chunk.fatal)) * _gradient_draws(s))
         state = state._replace(chunk=chunk, read=0)
     i = state.read
     if i == chunk.n_done:
         return state, None
-    s.ledger.gradient(o.grad_samples)
+    s.ledger.gradient(_gradient_draws(s))
     row = {"phase": phase, "eta": state.eta, "step": state.k + 1}
     if chunk.grad_failed[i]:
         row["grad_failed"] = True
@@ -275,7 +286,7 @@ def _sgd_step(s: _Setup, state: State, t: int) -> StepOutcome:
     state, row = _next_step(s, state, t, min(next_check, o.max_iterations) - state.k, "sgd")
     k = state.k
     if row is None:
-        s.ledger.gradient(o.grad_samples)   # the failed gradient's work was done
+        s.ledger.gradient(_gradient_draws(s))   # the failed gradient's work was done
         info["sgd_iterations"] = k
         message = (f"{gradient_failure_message(s.family, state.chunk.fatal_kind, o.grad_samples)}"
                    f" (SGD iteration {k + 1})")
