@@ -15,7 +15,7 @@ def add_bench_parser(sub) -> None:
     """Add ``bench`` to the ``stanvi`` command's subparsers ``sub``."""
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
-                                    "coldstart", "fullrank", "jointcv", "peers", "mlmcvi"],
+                                    "coldstart", "fullrank", "jointcv", "peers", "mlmcvi", "rb"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -27,7 +27,9 @@ def add_bench_parser(sub) -> None:
                         "peers: TrustVI vs Stan's own ADVI and Pathfinder (single, multi-path) "
                         "on stan_models, accuracy against Stan's NUTS; "
                         "mlmcvi: MLMC gradients vs plain MC and RQMC at equal cost on simulated "
-                        "HLR/BLR and two stan_models (variance, SNR, ELBO vs cost and time)")
+                        "HLR/BLR and two stan_models (variance, SNR, ELBO vs cost and time); "
+                        "rb: Rao-Blackwellized gradients: the toy problem's variance table and "
+                        "SGD paths, the mixture family on stan_models/bimodal (--seeds runs)")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
@@ -179,5 +181,10 @@ def run_bench(args: argparse.Namespace) -> int:
                              f"{sorted(mlmcvi_bench.PROBLEMS)}")
         mlmcvi_bench.run(problems, models_dir=Path(args.models_dir), seeds=args.seeds,
                          iters=1000 if args.iters == 5000 else args.iters, output=args.output)
+        return 0
+    if args.what == "rb":
+        from stanvi.bench import rb_bench  # noqa: PLC0415
+
+        rb_bench.run(Path(args.models_dir), seeds=args.seeds, output=args.output)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")
