@@ -419,6 +419,9 @@ def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.
     return arr, random_mu
 
 
+GP_METHODS = ("qsgp", "exact", "svi")   # methods of stanvi.gp models (stanvi/gp/dispatch.py)
+
+
 def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "meanfield",
         seed: int | None = None, init=None, max_oracle_calls: float | None = None,
         progress: bool = True, draws: int = 1000, profile: str | None = None,
@@ -431,7 +434,8 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
             unconstrained vector (then give ``dim``).
         data: the Stan data (dict, JSON path or JSON string).
         method: 'trustvi' (default), 'advi', 'hfsgvi', 'jointcv' or 'mlmcvi' (see
-            ``stanvi.methods.available()``).
+            ``stanvi.methods.available()``); for a ``stanvi.gp`` model 'qsgp', 'exact' or
+            'svi' (docs/gp.md; the result is a ``stanvi.gp.GPFit``).
         family: 'meanfield' (default), 'fullrank', or 'mixture' (a Gaussian mixture whose
             weights' gradient is Rao-Blackwellized, docs/discrete.md; method 'advi' only).
         family_options: the family's settings, e.g. for 'mixture' ``{"n_components": 3,
@@ -460,6 +464,12 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     t0 = time.perf_counter()
     _check_arguments(draws, max_oracle_calls)
     seed = check_seed(seed)
+    if method in GP_METHODS or getattr(model, "__stanvi_gp__", False):
+        # stanvi.gp models and methods (docs/gp.md); imported only when used
+        from stanvi.gp.dispatch import fit_gp  # noqa: PLC0415
+
+        return fit_gp(model, data, method=method, family=family, seed=seed, progress=progress,
+                      **options)
     target = as_target(model, data, dim=dim, seed=seed, progress=progress, hvp_method=hvp_method)
     if target.dim == 0:
         raise VIError(f"{target!r} has no parameters: there is nothing to approximate (use "
