@@ -59,7 +59,7 @@ def variance_table(n_draws: int = 100_000, seed: int = 0) -> list[dict]:
                 _, exact_var = exact_moments(toy_log_probs, toy_f, eta, top, base)
                 var0 = exact_var if k == 0 else var0
                 rows.append({"eta": eta, "base": name, "k": k,
-                             "eps": float(1.0 - q[top].sum()) if k else 1.0,
+                             "eps": float(np.delete(q, top).sum()) if k else 1.0,
                              "mean": float(g.mean()), "true_grad": float(toy_grad(eta)),
                              "var": float(g.var(ddof=1)), "exact_var": exact_var,
                              "ratio": exact_var / var0 if var0 else float("nan")})
