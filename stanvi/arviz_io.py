@@ -361,7 +361,11 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
             coords={"unconstrained_parameter": np.array(unc_names, dtype=str)},
             attrs={"family": fit.family_name,
                    "description": "q in unconstrained space: flat variational parameters "
-                                  "(layout: see stanvi.families), mean and marginal sd"})
+                                  "(layout: see stanvi.families), mean and marginal sd",
+                   # the mixture's settings (n_components, ...), so stanvi.read rebuilds it
+                   **({"family_options": json.dumps({
+                       k: v for k, v in dataclasses.asdict(fit.family).items()
+                       if k not in ("dim", "name")})} if fit.family_name == "mixture" else {})})
 
         unc = np.asarray(fit.unconstrained_draws, dtype=float)
         tree_groups["vi_approximation"]["unconstrained_draws"] = (

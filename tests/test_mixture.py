@@ -170,7 +170,7 @@ def _fit(family, **kwargs):
                           grad_samples=8, max_iterations=1000, **kwargs)
 
 
-def test_mixture_finds_both_modes_of_the_bimodal_stan_model():
+def test_mixture_finds_both_modes_of_the_bimodal_stan_model(tmp_path):
     """stan_models/bimodal (½N(μ, I) + ½N(−μ, I), normalized): a single mean-field Gaussian sits
     on one mode (ELBO ≈ log ½, k̂ > 0.7: unreliable); a two-component mixture covers both (half
     of its draws in each, ELBO ≈ 0, k̂ < 0.5), and the draws flow through Fit (by Stan name,
@@ -195,6 +195,10 @@ def test_mixture_finds_both_modes_of_the_bimodal_stan_model():
         "lp__", "log_p__", "log_g__"]
     assert mix.summary().shape[0] == 2
     assert "posterior" in mix.to_arviz().children
+    mix.save(tmp_path)
+    back = stanvi.read(tmp_path)
+    assert back.family == mix.family
+    np.testing.assert_allclose(back.covariance, mix.covariance, rtol=1e-12)
     # cost: one gradient = 2 components × 8 draws; the ledger equals the target's counter
     assert mix.oracle["gradient_draws"] == 16 * (len(mix.trace) - 1)
     assert mix.info["model_evaluations"]["gradient"] == (mix.oracle["gradient_draws"]
