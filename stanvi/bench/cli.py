@@ -15,7 +15,8 @@ def add_bench_parser(sub) -> None:
     """Add ``bench`` to the ``stanvi`` command's subparsers ``sub``."""
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
-                                    "coldstart", "fullrank", "jointcv", "peers", "mlmcvi", "rb"],
+                                    "coldstart", "fullrank", "jointcv", "peers", "mlmcvi", "rb",
+                                    "qsgp"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -29,7 +30,10 @@ def add_bench_parser(sub) -> None:
                         "mlmcvi: MLMC gradients vs plain MC and RQMC at equal cost on simulated "
                         "HLR/BLR and two stan_models (variance, SNR, ELBO vs cost and time); "
                         "rb: Rao-Blackwellized gradients: the toy problem's variance table and "
-                        "SGD paths, the mixture family on stan_models/bimodal (--seeds runs)")
+                        "SGD paths, the mixture family on stan_models/bimodal (--seeds runs); "
+                        "qsgp: stanvi.gp step time over n and m vs the svi baseline, control-"
+                        "variate variance reduction, accuracy on simulated sets (--models among "
+                        "steps,cv,accuracy; --iters: training steps, default 3000)")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
@@ -186,5 +190,15 @@ def run_bench(args: argparse.Namespace) -> int:
         from stanvi.bench import rb_bench  # noqa: PLC0415
 
         rb_bench.run(Path(args.models_dir), seeds=args.seeds, output=args.output)
+        return 0
+    if args.what == "qsgp":
+        from stanvi.gp import bench as gp_bench  # noqa: PLC0415
+
+        parts = args.models.split(",") if args.models else ["steps", "cv", "accuracy"]
+        unknown = sorted(set(parts) - {"steps", "cv", "accuracy"})
+        if unknown:
+            raise SystemExit(f"stanvi bench qsgp: unknown parts {unknown}; choose from "
+                             "steps,cv,accuracy")
+        gp_bench.run(parts, steps=3000 if args.iters == 5000 else args.iters, output=args.output)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")

@@ -165,7 +165,14 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
     def loss_fn(sl, theta, batch, arrays):
         return objective(model, sz, sl, theta, batch, arrays, logdet_S_const)
 
-    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1))
+    if learn_any:
+        grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1))
+    else:   # no backward pass through the features when θ is fixed
+        vg = jax.value_and_grad(loss_fn, argnums=0)
+
+        def grad_fn(sl, theta, batch, arrays):
+            loss, g = vg(sl, theta, batch, arrays)
+            return loss, (g, None)
 
     def step(state: State, data: Data, key: jax.Array):
         t = state.t + 1

@@ -1,0 +1,246 @@
+"""``stanvi bench qsgp``: the QSGP figures of issue 14 (spec §6.4 "simulated benchmark").
+
+* ``steps``: median wall time per QSGP step (mean-field, Gaussian, n~ = 100, m~ = 1000,
+  n_bar = 100) for n in {10⁴, 10⁵, 10⁶} and m in {10⁴, 10⁵, 10⁶, 10⁷}, after 20 warm-up steps,
+  over 200 timed steps (20 compiled chunks of 10, ``block_until_ready``), against the ``svi``
+  baseline (n~ = 100, one reparameterised draw, all m features per row: O(n~ m d)).
+* ``accuracy``: RMSE / MNLP (regression, Gaussian and Laplace noise) and error rate / MNLP
+  (classification) on simulated sets sized like the paper's (n = 40,000 like kin40k, 60,000
+  like MNIST), QSGP-0 and QSGP-10 against the svi baseline at the same number of steps and an
+  exact posterior on fewer features.
+* ``cv``: variance of the ELBO estimate and of its gradient with the data-Gram control variate
+  for n_bar in {0, 50, 100, 300, 500} (the paper's kin40k study: m = 10⁴ RFF, μ from the
+  prior, m~ = n~ = 500, 1000 evaluations each).
+
+Data (spec §6.4): x ~ U[−1, 1]^4; f a GP sample drawn through a 10⁴-feature RFF with another
+seed (SE kernel, ℓ = 0.5, s_f = 1); y = f + N(0, 0.1²), or Laplace(b = 0.1) noise, or
+y ~ Bernoulli(σ(3f)).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stanvi.gp import estimators as E
+from stanvi.gp import qsgp, svi
+from stanvi.gp.basis import RandomFourierFeatures
+from stanvi.gp.families import Chevron, MeanField
+from stanvi.gp.kernels import SquaredExponential
+from stanvi.gp.model import rff_classification, rff_regression
+
+D = 4
+
+
+def simulate(n: int, kind: str = "gaussian", seed: int = 0, truth_seed: int = 12345,
+             truth_m: int = 10_000):
+    """(X, y, f) of spec §6.4; kind 'gaussian', 'laplace' or 'classification'
+    (``truth_m`` features for the true f: 10⁴ in the spec; the timing grid uses fewer, its
+    data content does not matter)."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1.0, 1.0, (n, D))
+    truth = RandomFourierFeatures(m=truth_m, kernel=SquaredExponential(lengthscale=0.5),
+                                  seed=truth_seed)
+    arrays = truth.arrays(X)
+    theta = truth.theta0(D)
+    w = np.random.default_rng(truth_seed).standard_normal(truth_m)
+    feats = jax.jit(lambda Xb: truth.features(arrays, Xb, jnp.arange(truth_m), theta) @ w)
+    f = np.concatenate([np.asarray(feats(jnp.asarray(X[i:i + 2000])))
+                        for i in range(0, n, 2000)])
+    if kind == "gaussian":
+        y = f + 0.1 * rng.standard_normal(n)
+    elif kind == "laplace":
+        y = f + rng.laplace(scale=0.1, size=n)
+    else:
+        y = np.where(rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-3.0 * f)), 1.0, -1.0)
+    return X, y, f
+
+
+# ------------------------------------------------------------------ step time
+
+def _time_chunks(fn, state, args, n_chunks: int, warm: int = 2):
+    for _ in range(warm):
+        state, out = fn(state, *args)
+        jax.block_until_ready(out)
+    times = []
+    for _ in range(n_chunks):
+        t = time.perf_counter()
+        state, out = fn(state, *args)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def qsgp_step_ms(n: int, m: int, *, nt=100, mt=1000, nbar=100, X=None, y=None) -> float:
+    model = rff_regression(X[:n], y[:n], m=m, lengthscale=0.5, noise=0.01)
+    opts = qsgp.Options(batch_size=nt, basis_batch_size=mt, cv_rank=nbar, num_steps=10**5)
+    sz = qsgp.sizes_for(model, MeanField(), opts)
+    state, data = qsgp.init_state(model, sz, opts, jax.random.PRNGKey(0))
+    run = qsgp.make_chunk_runner(qsgp.make_step(model, sz, opts, None), 10)
+    sec = _time_chunks(run, state, (data, jax.random.PRNGKey(1)), 20)
+    return 1e3 * sec / 10
+
+
+def svi_step_ms(n: int, m: int, *, nt=100, steps=10, X=None, y=None) -> float:
+    model = rff_regression(X[:n], y[:n], m=m, lengthscale=0.5, noise=0.01)
+    opts = svi.Options(batch_size=nt, num_steps=10**5)
+    theta = {k: jnp.asarray(v) for k, v in model.theta.items()}
+    cols = jnp.arange(m)
+    feats = model.basis.columns(model.arrays, cols)
+    s_diag = model.basis.precision_diag(model.arrays, cols, theta)
+    params = (jnp.zeros(m), jnp.full((m,), -3.0))
+    carry = (params, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params),
+             jnp.asarray(0, jnp.int32))
+    run = svi.make_chunk(model, opts, steps)
+    args = (jnp.asarray(model.X), jnp.asarray(model.y), theta, feats, s_diag, jax.random.PRNGKey(1))
+    sec = _time_chunks(lambda c, *a: run(c, *a), carry, args, 3, warm=1)
+    return 1e3 * sec / steps
+
+
+def bench_steps(ns=(10**4, 10**5, 10**6), ms=(10**4, 10**5, 10**6, 10**7),
+                svi_ms=(10**4, 10**5, 10**6)) -> dict:
+    X, y, _ = simulate(max(ns), "gaussian", seed=1, truth_m=500)
+    out = {"qsgp": {}, "svi": {}}
+    for n in ns:
+        for m in ms:
+            out["qsgp"][f"{n},{m}"] = qsgp_step_ms(n, m, X=X, y=y)
+            print(f"  qsgp  n={n:>8} m={m:>9}: {out['qsgp'][f'{n},{m}']:8.2f} ms/step", flush=True)
+    n_svi = 10**5 if 10**5 in ns else ns[0]
+    for m in svi_ms:
+        out["svi"][f"{n_svi},{m}"] = svi_step_ms(n_svi, m, X=X, y=y)
+        print(f"  svi   n={n_svi:>8} m={m:>9}: {out['svi'][f'{n_svi},{m}']:8.2f} ms/step", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------ accuracy
+
+def _fit(model, method, family=None, **opts):
+    from stanvi.gp.dispatch import fit_gp  # noqa: PLC0415
+
+    t = time.perf_counter()
+    res = fit_gp(model, method=method, family=family or "meanfield", **opts)
+    return res, time.perf_counter() - t
+
+
+def bench_accuracy(steps: int = 3000, m: int = 10_000, nt: int = 200, mt: int = 500) -> dict:
+    """Scaled down from the paper (m = 10⁵, 10⁵ steps, n~ = 500, m~ = 10⁴) to fit 2 CPU cores:
+    m = 10⁴, ``steps`` steps, n~ = 200, m~ = 500, hyperparameters fixed at the truth's ℓ."""
+    out = {}
+    qs = dict(batch_size=nt, basis_batch_size=mt, cv_rank=100, num_steps=steps,
+              chunk=max(1, steps // 10), lr=0.1, learn_hyperparameters=False)
+    for kind, n_train in (("gaussian", 36_000), ("laplace", 36_000), ("classification", 54_000)):
+        n_test = n_train // 9
+        X, y, f = simulate(n_train + n_test, kind, seed=2)
+        Xtr, ytr, Xte, yte = X[:n_train], y[:n_train], X[n_train:], y[n_train:]
+        if kind == "classification":
+            make = lambda mm: rff_classification(Xtr, ytr, m=mm, lengthscale=0.5)  # noqa: E731
+        else:
+            make = lambda mm: rff_regression(Xtr, ytr, m=mm, lengthscale=0.5,  # noqa: E731
+                                             noise=0.01 if kind == "gaussian" else 0.1,
+                                             likelihood=kind)
+        rows = {}
+        model = make(m)
+        for label, method, fam, extra in (
+                ("qsgp-0", "qsgp", MeanField(), {}),
+                ("qsgp-10", "qsgp", Chevron(10), {}),
+                ("svi", "svi", None, {})):
+            kw = dict(qs) if method == "qsgp" else dict(batch_size=nt, num_steps=steps,
+                                                        chunk=max(1, steps // 10))
+            if method == "qsgp" and kind != "gaussian":
+                kw["cv_rank"] = 0
+            res, sec = _fit(model, method, fam, **kw)
+            met = res.metrics(Xte, yte)
+            if kind != "classification":
+                met["rmse_f"] = float(np.sqrt(np.mean((res.predict(Xte).mean - f[n_train:]) ** 2)))
+            met["seconds"] = sec
+            rows[label] = met
+            print(f"  {kind:<14} {label:<8} " + "  ".join(f"{k}={v:.4g}" for k, v in met.items()),
+                  flush=True)
+        if kind == "gaussian":
+            ref = make(1000)
+            res, sec = _fit(ref, "exact")
+            met = res.metrics(Xte, yte)
+            met["rmse_f"] = float(np.sqrt(np.mean((res.predict(Xte).mean - f[n_train:]) ** 2)))
+            met["seconds"] = sec
+            rows["exact(m=1000)"] = met
+            print(f"  {kind:<14} exact(m=1000) " + "  ".join(f"{k}={v:.4g}" for k, v in met.items()),
+                  flush=True)
+        out[kind] = {"n_train": n_train, "n_test": n_test, "m": m, "steps": steps, **rows}
+    return out
+
+
+# ------------------------------------------------------------------ control variate
+
+def bench_cv(n: int = 40_000, m: int = 10_000, nt: int = 500, mt: int = 500,
+             nbars=(0, 50, 100, 300, 500), evals: int = 1000) -> dict:
+    X, y, _ = simulate(n, "gaussian", seed=3)
+    model = rff_regression(X, y, m=m, lengthscale=0.5, noise=0.01)
+    mu = jnp.asarray(np.random.default_rng(4).standard_normal(m))   # from the prior (s_f = 1)
+    out = {}
+    for nbar in nbars:
+        opts = qsgp.Options(batch_size=nt, basis_batch_size=mt, cv_rank=nbar)
+        sz = qsgp.sizes_for(model, MeanField(), opts)
+        state, data = qsgp.init_state(model, sz, opts, jax.random.PRNGKey(5))
+        P0 = model.basis.features(model.arrays, data.Xp, jnp.arange(m), data.theta0) if nbar \
+            else jnp.zeros((0, m))
+        a_mu = P0 @ mu if nbar else jnp.zeros(0)
+
+        def one(key, sz=sz, data=data, a_mu=a_mu, state=state):
+            l, i, j, r = E.draw_indices(key, sz)
+            b = E.make_batch(sz, data.X, data.y, data.Xp, l, i, j, r, model.basis, data.arrays,
+                             data.theta0, a_mu, state.A)
+
+            def val(mu_w):
+                sl = E.Slices(mu_w, E.gather(state.ld, b.W), state.L.at[b.W].get(
+                    mode="fill", fill_value=0.0), state.logs)
+                return -E.objective(model, sz, sl, model.theta, b, data.arrays, None)
+
+            v, g = jax.value_and_grad(val)(E.gather(mu, b.W))
+            return v, jnp.zeros(m).at[b.W].add(g, mode="drop")
+
+        f = jax.jit(jax.vmap(one))
+        vals, grads = [], []
+        for c in range(evals // 50):
+            v, g = f(jax.random.split(jax.random.PRNGKey(100 + c), 50))
+            vals.append(np.asarray(v))
+            grads.append(np.asarray(g))
+        vals = np.concatenate(vals)
+        grads = np.concatenate(grads)
+        out[nbar] = {"value_var": float(vals.var()), "grad_var": float(grads.var(axis=0).sum()),
+                     "value_mean": float(vals.mean())}
+    base = out[nbars[0]]
+    for nbar in nbars:
+        out[nbar]["value_reduction"] = base["value_var"] / out[nbar]["value_var"]
+        out[nbar]["grad_reduction"] = base["grad_var"] / out[nbar]["grad_var"]
+        print(f"  n_bar={nbar:>4}: Var(ELBO^) / {out[nbar]['value_reduction']:6.2f}, "
+              f"Var(grad) / {out[nbar]['grad_reduction']:6.2f}", flush=True)
+    return out
+
+
+def run(parts=("steps", "accuracy", "cv"), *, steps: int = 3000, output=None,
+        max_n: int = 10**6, max_m: int = 10**7) -> dict:
+    """Run the chosen parts, print their figures, write JSON to ``output``."""
+    print(f"stanvi bench qsgp (JAX backend: {jax.default_backend()}, "
+          f"{jax.device_count()} device(s))", flush=True)
+    out: dict = {"backend": jax.default_backend()}
+    if "steps" in parts:
+        print("step time (median ms per step; QSGP-0: n~ = 100, m~ = 1000, n_bar = 100)")
+        ns = tuple(n for n in (10**4, 10**5, 10**6) if n <= max_n)
+        ms = tuple(m for m in (10**4, 10**5, 10**6, 10**7) if m <= max_m)
+        out["steps"] = bench_steps(ns, ms, tuple(m for m in ms if m <= 10**6))
+        q = list(out["steps"]["qsgp"].values())
+        print(f"  qsgp max/min over the grid: {max(q) / min(q):.2f}")
+    if "cv" in parts:
+        print("control variate (kin40k-like: n = 40,000, m = 10⁴, m~ = n~ = 500, 1000 evaluations)")
+        out["cv"] = bench_cv()
+    if "accuracy" in parts:
+        print(f"accuracy (simulated, spec §6.4; m = 10⁴, {steps} steps, n~ = 200, m~ = 500)")
+        out["accuracy"] = bench_accuracy(steps=steps)
+    if output:
+        with open(output, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return out
