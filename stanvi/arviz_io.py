@@ -362,10 +362,10 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
             attrs={"family": fit.family_name,
                    "description": "q in unconstrained space: flat variational parameters "
                                   "(layout: see stanvi.families), mean and marginal sd",
-                   # the mixture's settings (n_components, ...), so stanvi.read rebuilds it
-                   **({"family_options": json.dumps({
-                       k: v for k, v in dataclasses.asdict(fit.family).items()
-                       if k not in ("dim", "name")})} if fit.family_name == "mixture" else {})})
+                   # the family's settings (the mixture's n_components, ...), so stanvi.read
+                   # rebuilds it (stanvi.families.protocol)
+                   **({"family_options": json.dumps(fit.family.family_options())}
+                      if fit.family.family_options() else {})})
 
         unc = np.asarray(fit.unconstrained_draws, dtype=float)
         tree_groups["vi_approximation"]["unconstrained_draws"] = (
@@ -450,11 +450,7 @@ def _diagnostics_dataset(diag):
 def log_g(fit) -> np.ndarray:
     """Stan's ``log_g__`` for each output draw: −½‖ε‖², i.e. log q without its constants
     (``log q + H(q) − D/2``; Stan's ``advi::run``, docs/algorithms.md#advi-output)."""
-    d = int(fit.unconstrained_draws.shape[1])
-    if not hasattr(fit.family, "entropy"):   # the mixture: log q without the N(0, I) constant
-        return np.asarray(fit.log_q, dtype=float) + 0.5 * d * np.log(2 * np.pi)
-    entropy = float(fit.family.entropy(np.asarray(fit.params)))
-    return np.asarray(fit.log_q, dtype=float) + entropy - 0.5 * d
+    return np.asarray(fit.log_q, dtype=float) + fit.family.log_g_offset(np.asarray(fit.params))
 
 
 def save_netcdf(tree, path) -> Path:

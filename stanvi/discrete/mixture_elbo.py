@@ -54,8 +54,10 @@ def unsupported_message(method: str) -> str:
 
 
 def draws_per_gradient(family, n: int) -> int:
-    """Log-density gradients one mixture gradient evaluates: M components × S draws."""
-    return family.budget * (family.samples_per_component or int(n))
+    """Log-density gradients one mixture gradient evaluates: M components × S draws
+    (:meth:`GaussianMixture.draws_per_gradient <stanvi.families.mixture.GaussianMixture.
+    draws_per_gradient>`)."""
+    return family.draws_per_gradient(n)
 
 
 def _columns(family, key, log_w):
@@ -139,10 +141,8 @@ def exact_log_p(family, log_density: Callable, params, cols, eps):
 def elbo_values(family, log_density: Callable) -> Callable:
     """(params, eps (n, D)) ↦ log p(z_j) − log q(z_j) per draw z_j = sample(params, ε_j): the
     ELBO integrand (its mean is an unbiased ELBO estimate)."""
-    def values(params, eps):
-        z = family.sample(params, eps)
-        return jax.vmap(log_density)(z) - family.log_q(params, z)
-    return values
+    pieces = family.elbo_pieces(log_density)
+    return lambda params, eps: pieces(params, eps)[0]
 
 
 class MixtureEstimator:
@@ -151,7 +151,10 @@ class MixtureEstimator:
     values, output draws with log p and log q, matched-pair differences, all row-wise and
     bucketed like :class:`~stanvi.estimators.elbo.ElboEstimator`.  Per-draw gradients and
     HVPs raise :class:`~stanvi.errors.VIError`: the weights' gradient is not a per-draw
-    reparameterization gradient (use :func:`mixture_calc_grad`)."""
+    reparameterization gradient (use :func:`mixture_calc_grad`, also :attr:`calc_grad`: the
+    family's first-order gradient for ADVI's compiled SGD, stanvi.families.protocol)."""
+
+    calc_grad = staticmethod(mixture_calc_grad)
 
     def __init__(self, family, log_density: Callable, *, counter=None,
                  bucketing: bool = True) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from stanvi.discrete.mixture_elbo import MixtureEstimator
 from stanvi.estimators.elbo import ElboEstimator
 
 
@@ -54,22 +55,27 @@ ESTIMATORS: dict[str, EstimatorFactory] = {
     # the reparameterization-gradient estimator (Kingma & Welling 2014; Titsias &
     # Lázaro-Gredilla 2014), with HVPs by forward-over-reverse autodiff; every method so far
     "reparameterization": ElboEstimator,
+    # the Gaussian mixture's (stanvi.families.mixture): reparameterized within a component,
+    # Rao-Blackwellized over the component choice (Liu et al. 2019; spec
+    # rao_blackwellized_discrete.md §5a); a family names it as its ``gradient_estimator``
+    "mixture_rb": MixtureEstimator,
 }
 DEFAULT_ESTIMATOR = "reparameterization"
 
 
+def family_estimator(family) -> str | None:
+    """The estimator ``family`` needs in place of the method's (its ``gradient_estimator``,
+    stanvi.families.protocol), or None: the method's own is valid for it."""
+    return getattr(family, "gradient_estimator", None)
+
+
 def estimator_for(target, family, name: str = DEFAULT_ESTIMATOR) -> Estimator:
     """The estimator ``name`` of (target, family), built once and kept on the target, so
-    repeated fits of the same model (seeds, benchmarks) compile their JAX functions only once."""
-    if getattr(family, "name", "") == "mixture":   # no per-draw reparameterization gradient
-        from stanvi.discrete.mixture_elbo import MixtureEstimator  # noqa: PLC0415
-
-        factory = MixtureEstimator
-        name = "mixture"
-    else:
-        factory = None
+    repeated fits of the same model (seeds, benchmarks) compile their JAX functions only once.
+    A family that names its own estimator (:func:`family_estimator`) gets that one."""
+    name = family_estimator(family) or name
     try:
-        factory = factory or ESTIMATORS[name]
+        factory = ESTIMATORS[name]
     except KeyError:
         raise ValueError(f"unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}") from None
     cache = target.__dict__.setdefault("_stanvi_estimators", {})

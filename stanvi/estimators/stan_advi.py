@@ -17,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from stanvi.errors import VIError
+from stanvi.estimators.base import ESTIMATORS, family_estimator
 from stanvi.estimators.elbo import ElboEstimator, GradientFailure, collect_valid, elbo_term
 from stanvi.families import FullRank, MeanField
 
@@ -72,10 +73,13 @@ def stan_calc_grad(family, log_density: Callable, n: int) -> Callable:
     arithmetic is Stan's (:func:`stan_gradient_pieces`) where Stan has the family, else the mean
     of the autodiff gradients of ℓ (:func:`stanvi.estimators.elbo.elbo_term`).
     """
-    if getattr(family, "name", "") == "mixture":   # RB over components (spec §5a)
-        from stanvi.discrete.mixture_elbo import mixture_calc_grad  # noqa: PLC0415
-
-        return mixture_calc_grad(family, log_density, n)
+    own = family_estimator(family)
+    if own is not None:   # the family's own first-order gradient (stanvi.families.protocol)
+        calc_grad = getattr(ESTIMATORS[own], "calc_grad", None)
+        if calc_grad is None:
+            raise VIError(f"the {family.name!r} family's estimator {own!r} has no calc_grad: "
+                          f"ADVI's SGD cannot take it")
+        return calc_grad(family, log_density, n)
     dim, n_params, limit = family.dim, family.n_params, GRAD_RETRIES * n
     stan_pieces = stan_gradient_pieces(family)
     index = jnp.arange(n)
@@ -148,17 +152,12 @@ _ELBO_PIECES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _elbo_pieces(estimator: ElboEstimator):
-    """Jitted (params, eps) ↦ (log p(z_j) for each row, H(q)), cached weakly per estimator."""
+    """Jitted (params, eps) ↦ (the ELBO's per-draw part for each row, its closed-form part):
+    (log p(z_j), H(q)) for the Gaussian families; the family's ``elbo_pieces``
+    (stanvi.families.protocol); cached weakly per estimator."""
     if estimator not in _ELBO_PIECES:
         family, log_density = estimator.family, estimator.log_density
-        if not hasattr(family, "entropy"):   # the mixture: no closed form; log p − log q per draw
-            from stanvi.discrete.mixture_elbo import elbo_values  # noqa: PLC0415
-
-            values = elbo_values(family, log_density)
-            _ELBO_PIECES[estimator] = jax.jit(lambda params, eps: (values(params, eps), 0.0))
-            return _ELBO_PIECES[estimator]
-        _ELBO_PIECES[estimator] = jax.jit(lambda params, eps: (
-            jax.vmap(log_density)(family.sample(params, eps)), family.entropy(params)))
+        _ELBO_PIECES[estimator] = jax.jit(family.elbo_pieces(log_density))
     return _ELBO_PIECES[estimator]
 
 

@@ -21,11 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stanvi.families.protocol import GaussianDefaults
+
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass(frozen=True)
-class MeanField:
+class MeanField(GaussianDefaults):
     """Mean-field Gaussian N(μ, diag(exp(2ω))); λ = concat(μ, ω), length 2D."""
 
     dim: int
@@ -90,7 +92,7 @@ class MeanField:
 
 
 @dataclass(frozen=True)
-class FullRank:
+class FullRank(GaussianDefaults):
     """Full-rank Gaussian N(μ, L Lᵀ); λ = concat(μ, the lower triangle of L row by row)."""
 
     dim: int

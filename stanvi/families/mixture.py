@@ -27,7 +27,9 @@ is ``E_q[log p − log q]`` with ``log q`` the log-sum-exp over all components.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +76,11 @@ class GaussianMixture:
     init_spread: float = 2.0
     name: str = "mixture"
 
+    # the family protocol (stanvi.families.protocol): the reparameterization gradient does not
+    # reach the weights (the component choice is discrete), so the family names its own
+    # estimator, the Rao-Blackwellized one of stanvi.discrete.mixture_elbo
+    gradient_estimator: ClassVar[str | None] = "mixture_rb"
+
     def __post_init__(self) -> None:
         if not (isinstance(self.n_components, (int, np.integer)) and self.n_components >= 1):
             raise ValueError(f"n_components must be a positive integer, got {self.n_components!r}")
@@ -98,6 +105,30 @@ class GaussianMixture:
                              f"got rb_k={self.rb_k}")
         if not (math.isfinite(self.init_spread) and self.init_spread >= 0):
             raise ValueError(f"init_spread must be a finite number ≥ 0, got {self.init_spread!r}")
+
+    # ------------------------------------------------------------------ family protocol
+    def draws_per_gradient(self, n: int) -> int:
+        """Log-density gradients one ELBO gradient evaluates: M components × S draws, S =
+        ``samples_per_component`` or the method's ``n``."""
+        return self.budget * (self.samples_per_component or int(n))
+
+    def elbo_pieces(self, log_density: Callable) -> Callable:
+        """(params, eps (n, D)) ↦ (log p(z_j) − log q(z_j) per draw, 0): the entropy has no
+        closed form, so log q enters per draw (its mean is an unbiased ELBO estimate)."""
+        def pieces(params, eps):
+            z = self.sample(params, eps)
+            return jax.vmap(log_density)(z) - self.log_q(params, z), 0.0
+        return pieces
+
+    def log_g_offset(self, params) -> float:
+        """D/2 log 2π: Stan's ``log_g__`` is log q without the N(0, I) constant (there is no
+        single ε per draw to take −½‖ε‖² of)."""
+        return 0.5 * self.dim * _LOG_2PI
+
+    def family_options(self) -> dict[str, Any]:
+        """Every setting but ``dim`` and ``name`` (n_components, covariance_type, ...), so a
+        saved fit rebuilds the same mixture."""
+        return {k: v for k, v in asdict(self).items() if k not in ("dim", "name")}
 
     # ------------------------------------------------------------------ layout
     @property

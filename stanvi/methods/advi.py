@@ -161,13 +161,10 @@ SUPPORTS_MIXTURE = True   # family='mixture': Stan's SGD on the mixture's RB gra
 
 
 def _gradient_draws(s) -> int:
-    """Log-density gradients per SGD gradient: ``grad_samples``; for the mixture family M
-    components × S draws (:func:`stanvi.discrete.mixture_elbo.draws_per_gradient`)."""
-    if getattr(s.family, "name", "") == "mixture":
-        from stanvi.discrete.mixture_elbo import draws_per_gradient  # noqa: PLC0415
-
-        return draws_per_gradient(s.family, s.opt.grad_samples)
-    return s.opt.grad_samples
+    """Log-density gradients per SGD gradient: the family's count for ``grad_samples``
+    (``grad_samples`` itself for the Gaussian families; M components × S draws for the
+    mixture; stanvi.families.protocol)."""
+    return s.family.draws_per_gradient(s.opt.grad_samples)
 
 
 # --------------------------------------------------------------------------------- state
