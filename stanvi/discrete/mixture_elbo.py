@@ -40,17 +40,22 @@ UNSUPPORTED = {
                "score-function (Rao-Blackwellized) estimate with no HVP on fixed draws",
     "hfsgvi": "HFSGVI (Hessian-free Newton) needs Hessian-vector products of the ELBO on fixed "
               "draws, which the mixture's discrete component choice does not have",
-    "jointcv": "the joint control variate is built on the Gaussian families' reparameterization "
-               "gradient (a Taylor surrogate of mean-field/full-rank draws)",
-    "mlmcvi": "the MLMC estimator's levels are defined for the mean-field and full-rank "
-              "Gaussian families' reparameterization gradient",
+    "jointcv": "the joint control variate (specs/joint_control_variate.md §2.1-2.2) is a "
+               "Taylor expansion of each data term k_n around one Gaussian's mean, "
+               "z - mu = sigma*eps, whose HVP term has mean zero in eps and whose table mean "
+               "G = (1/N) sum_n grad k_n(mu_n) is its closed-form expectation; under a mixture "
+               "z - m_c depends on the discrete component c, the weights' gradient is a "
+               "score-function term in the per-component values F_n(c), which a Taylor "
+               "surrogate of gradients does not control, and the entropy has no closed form, "
+               "so neither the CV's expectation nor -grad H (added exactly by jointcv) is "
+               "available",
 }
 
 
 def unsupported_message(method: str) -> str:
     why = UNSUPPORTED.get(method, f"method {method!r} does not support it")
     return (f"family='mixture' cannot be used with method={method!r}: {why}. Use method='advi' "
-            f"(its SGD takes the mixture's first-order estimator).")
+            f"or 'mlmcvi' (they take the mixture's Rao-Blackwellized first-order estimator).")
 
 
 def draws_per_gradient(family, n: int) -> int:
@@ -155,6 +160,16 @@ class MixtureEstimator:
     family's first-order gradient for ADVI's compiled SGD, stanvi.families.protocol)."""
 
     calc_grad = staticmethod(mixture_calc_grad)
+
+    def multilevel(self, target, *, seed: int, scale_param: str = "log",
+                   truncate: float | None = None, max_fail: float = 0.1,
+                   snr_every: int | None = None):
+        """MLMCVI's multilevel gradient for this family
+        (:func:`stanvi.discrete.mixture_mlmc.mixture_multilevel`)."""
+        from stanvi.discrete.mixture_mlmc import mixture_multilevel  # noqa: PLC0415  (cycle)
+
+        return mixture_multilevel(target, self.family, seed=seed, scale_param=scale_param,
+                                  truncate=truncate, max_fail=max_fail, snr_every=snr_every)
 
     def __init__(self, family, log_density: Callable, *, counter=None,
                  bucketing: bool = True) -> None:

@@ -117,6 +117,8 @@ PROFILES: dict[str, dict] = {
 DEFAULT_PROFILE = "paper"
 ESTIMATOR = "reparameterization"   # for the ELBO trace, the output draws and Fit.elbo(); the
                                    # method's gradients come from stanvi.estimators.mlmc
+SUPPORTS_MIXTURE = True   # family='mixture': levels of the RB gradient (stanvi.discrete.mixture_mlmc),
+                          # from the family's estimator's ``multilevel``
 
 
 @dataclass
@@ -178,8 +180,17 @@ def noise_source(rng: np.random.Generator, kind: str, dim: int):
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
     o = options
     sched = o.schedule
-    coords = Coordinates(family, o.scale_param)
     seeds = np.asarray(jax.random.randint(purpose_key(key, 0, "gradient"), (3,), 0, 2 ** 31 - 1))
+    # a family whose estimator brings its own multilevel gradient (the mixture's RB gradient);
+    # else the Gaussian families' reparameterized MLRG
+    own_levels = getattr(context.estimator, "multilevel", None)
+    if own_levels is not None:
+        mlrg = own_levels(target, seed=int(seeds[0]), scale_param=o.scale_param,
+                          truncate=o.truncate, max_fail=o.max_failed, snr_every=o.snr_every)
+        coords = mlrg.coords
+    else:
+        coords = Coordinates(family, o.scale_param)
+        mlrg = MultilevelGradient(target, coords, truncate=o.truncate, max_fail=o.max_failed)
     rng = np.random.default_rng(int(seeds[0]))
     snr_rng = np.random.default_rng(int(seeds[1]))
     eval_rng = np.random.default_rng(int(seeds[2]))
@@ -216,7 +227,6 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         return {"elbo": elbo, "elbo_se": se, "eval_time": timers["eval"]}
 
     trace.record(0, params0, ledger, t=-1, **evaluate(params0))
-    mlrg = MultilevelGradient(target, coords, truncate=o.truncate, max_fail=o.max_failed)
     opt = _Optimizer(o.optimizer)
     counters = {"restarts": 0, "calm": 0, "collapse_warned": False, "redrawn": 0}
 
@@ -257,8 +267,9 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                                bool(o.restart_every and t >= 1 and t % o.restart_every == 0)))
         try:
             if o.estimator != "mlmc":
-                stats = plain_level(target, coords, state.theta, draw, baseline_n,
-                                    truncate=o.truncate, max_fail=o.max_failed)
+                stats = mlrg.plain(state.theta, draw, baseline_n) if own_levels is not None \
+                    else plain_level(target, coords, state.theta, draw, baseline_n,
+                                     truncate=o.truncate, max_fail=o.max_failed)
                 G = stats.mean
                 row.update(N=baseline_n, level_var=stats.var, cond_var=stats.cond_var,
                            acc_var=stats.cond_var)
