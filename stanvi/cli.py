@@ -4,7 +4,8 @@
     stanvi info MODEL.stan [--data D]    parameters, shapes, dims, unconstrained dimension
     stanvi fit MODEL.stan --data D --method M [--family F] [--seed S] [--output DIR]
                                          fit, print the summary and diagnostics, write the Stan
-                                         CSV and the ArviZ DataTree (NetCDF)
+                                         CSV and the ArviZ DataTree (NetCDF); --family mixture
+                                         --family-options '{"n_components": 3}' for a mixture
     stanvi bench target                  cost of the Stan target layer (see stanvi.bench.target_bench)
     stanvi bench methods                 TrustVI vs ADVI vs HFSGVI on stan_models (methods_bench)
     stanvi bench public-stopping --posteriordb PATH
@@ -91,6 +92,34 @@ def _parse_option(text: str) -> tuple[str, object]:
         return name, value
 
 
+def _family_options(text: str | None, family: str) -> dict:
+    """``--family-options``: a JSON object of the family's settings (e.g. the mixture's
+    ``{"n_components": 3}``, docs/discrete.md), its keys checked against the family's
+    parameters (``dim`` and ``name`` are set by the fit; the full-rank storage comes from the
+    method option ``fullrank_diagonal``)."""
+    if text is None:
+        return {}
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--family-options is not valid JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--family-options must be a JSON object of settings by name, e.g. "
+                         f"'{{\"n_components\": 3}}', got {text!r}")
+    import dataclasses  # noqa: PLC0415
+
+    from stanvi.families import FAMILIES  # noqa: PLC0415
+
+    known = sorted(f.name for f in dataclasses.fields(FAMILIES[family])
+                   if f.name not in ("dim", "name", "diagonal"))
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"--family-options: unknown setting(s) {unknown} for family "
+                         f"{family!r}; " + (f"choose from {known}" if known else
+                                            "it takes none"))
+    return values
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -158,6 +187,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     base = args.name or _default_name(model, args)
     check_writable(out_dir, base, zarr=args.zarr, overwrite=args.overwrite)  # before the fit
     options = dict(args.option or [])
+    family_options = _family_options(args.family_options, args.family)
     fit_logger = get_logger("fit")
     level = fit_logger.level
     fit_logger.setLevel(logging.WARNING)   # the verdict is printed once, with the diagnostics
@@ -167,7 +197,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             fit = stanvi_fit(str(model), args.data, method=args.method, family=args.family,
                              seed=args.seed, profile=args.profile, draws=args.draws,
                              init=init, max_oracle_calls=args.max_oracle_calls,
-                             hvp_method=args.hvp_method, progress=not args.quiet, **options)
+                             hvp_method=args.hvp_method, progress=not args.quiet,
+                             family_options=family_options, **options)
     finally:
         fit_logger.setLevel(level)
     from stanvi.errors import NotConvergedWarning  # noqa: PLC0415
@@ -241,8 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data as a Stan JSON file (needed when the model has a data block)")
     p.add_argument("--method", default="trustvi", choices=available(),
                    help="variational method (default: trustvi)")
-    p.add_argument("--family", default="meanfield", choices=["meanfield", "fullrank"],
-                   help="variational family (default: meanfield)")
+    p.add_argument("--family", default="meanfield", choices=["meanfield", "fullrank", "mixture"],
+                   help="variational family (default: meanfield); 'mixture' (a Gaussian mixture, "
+                        "methods advi and mlmcvi; docs/discrete.md)")
+    p.add_argument("--family-options", default=None, metavar="JSON",
+                   help="the family's settings as a JSON object, e.g. --family-options "
+                        "'{\"n_components\": 3}' for the mixture (docs/discrete.md)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed, 0 to 4294967295 (default: 0)")
     p.add_argument("--hvp-method", choices=["auto", "exact", "finite_difference"], default=None,

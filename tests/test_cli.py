@@ -200,3 +200,32 @@ def test_init_from_a_json_file(bernoulli_compiled, tmp_path, capsys):
     bad.write_text("[1, 2]")
     assert main([*base, "--init", str(bad), "--name", "y"]) == 1
     assert "JSON object" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 15: --family mixture
+def test_fit_with_the_mixture_family_and_its_options(tmp_path, capsys):
+    """--family mixture with --family-options (JSON): the saved fit has the options and reads
+    back with its family; bad JSON, a non-object and unknown settings are one-line errors."""
+    import stanvi  # noqa: PLC0415
+    from stanvi.cli import main  # noqa: PLC0415
+
+    model = Path(__file__).resolve().parents[1] / "stan_models" / "bimodal"
+    base = ["fit", str(model / "bimodal.stan"), "--data", str(model / "bimodal.data.json"),
+            "--quiet", "--method", "advi", "--family", "mixture", "--option",
+            "max_iterations=100", "--option", "grad_samples=2", "--output", str(tmp_path)]
+    assert main([*base, "--family-options", '{"n_components": 3, "init_spread": 1.5}']) == 0
+    out = capsys.readouterr().out
+    assert "advi (mixture, profile stan)" in out
+    back = stanvi.read(tmp_path / "bimodal-advi-mixture-seed0.nc")
+    assert back.family.n_components == 3 and back.family.init_spread == 1.5
+    for bad, why in (('{"n_components": 3', "not valid JSON"),
+                     ("[3]", "must be a JSON object"),
+                     ('{"components": 3}', "unknown setting(s) ['components']"),
+                     ('{"n_components": 0}', "n_components must be a positive integer")):
+        assert main([*base, "--family-options", bad, "--name", "bad"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and why in err, err
+    assert main(["fit", str(model / "bimodal.stan"), "--data", str(model / "bimodal.data.json"),
+                 "--quiet", "--family-options", '{"n_components": 3}', "--name", "mf",
+                 "--output", str(tmp_path)]) == 1
+    assert "it takes none" in capsys.readouterr().err
