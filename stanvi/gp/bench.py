@@ -82,6 +82,7 @@ def qsgp_step_ms(n: int, m: int, *, nt=100, mt=1000, nbar=100, X=None, y=None) -
     state, data = qsgp.init_state(model, sz, opts, jax.random.PRNGKey(0))
     run = qsgp.make_chunk_runner(qsgp.make_step(model, sz, opts, None), 10)
     sec = _time_chunks(run, state, (data, jax.random.PRNGKey(1)), 20)
+    assert run._cache_size() == 1, "qsgp chunk compiled more than once"
     return 1e3 * sec / 10
 
 
@@ -93,19 +94,19 @@ def svi_step_ms(n: int, m: int, *, nt=100, steps=10, X=None, y=None) -> float:
     feats = model.basis.columns(model.arrays, cols)
     s_diag = model.basis.precision_diag(model.arrays, cols, theta)
     params = (jnp.zeros(m), jnp.full((m,), -3.0))
-    carry = (params, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params),
-             jnp.asarray(0, jnp.int32))
+    carry = svi.initial_carry(params)
     run = svi.make_chunk(model, opts, steps)
     args = (jnp.asarray(model.X), jnp.asarray(model.y), theta, feats, s_diag, jax.random.PRNGKey(1))
     sec = _time_chunks(lambda c, *a: run(c, *a), carry, args, 3, warm=1)
+    assert run._cache_size() == 1, "svi chunk compiled more than once"
     return 1e3 * sec / steps
 
 
 def bench_steps(ns=(10**4, 10**5, 10**6), ms=(10**4, 10**5, 10**6, 10**7),
-                svi_ms=(10**4, 10**5, 10**6)) -> dict:
+                svi_ms=(10**4, 10**5, 10**6), qsgp: bool = True) -> dict:
     X, y, _ = simulate(max(ns), "gaussian", seed=1, truth_m=500)
     out = {"qsgp": {}, "svi": {}}
-    for n in ns:
+    for n in (ns if qsgp else ()):
         for m in ms:
             out["qsgp"][f"{n},{m}"] = qsgp_step_ms(n, m, X=X, y=y)
             print(f"  qsgp  n={n:>8} m={m:>9}: {out['qsgp'][f'{n},{m}']:8.2f} ms/step", flush=True)

@@ -147,6 +147,8 @@ def init_state(model, sz: Sizes, opts: Options, key: jax.Array) -> tuple[State, 
                   G_logs=jnp.full(logs.shape, g0), theta=theta,
                   m1=jax.tree.map(jnp.zeros_like, theta), m2=jax.tree.map(jnp.zeros_like, theta),
                   a_mu=jnp.zeros(sz.nbar), A=A, t=jnp.asarray(0, jnp.int32))
+    # strong (non-weak) dtypes: the state a chunk returns has the types it was given
+    state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), state)
     data = Data(X=X, y=jnp.asarray(model.y), Xp=Xp, arrays=model.arrays,
                 theta0={kk: jnp.array(v, copy=True) for kk, v in theta.items()})
     return state, data

@@ -84,6 +84,14 @@ def make_chunk(model, opts: Options, length: int):
     return run_chunk
 
 
+def initial_carry(params):
+    """(params, Adam moments, t) with strong (non-weak) dtypes, so that the carry returned by a
+    chunk has the same types as the one given and the chunk compiles once."""
+    carry = (params, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params),
+             jnp.asarray(0, jnp.int32))
+    return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), carry)
+
+
 def run(model, family=None, *, seed: int = 0, options: Options, progress=False):
     from stanvi.gp.result import GPFit  # noqa: PLC0415
 
@@ -104,8 +112,7 @@ def run(model, family=None, *, seed: int = 0, options: Options, progress=False):
     noise = model.likelihood.init_noise_var(theta)
     ld0 = jnp.log(basis.init_diag_sd(model.n, noise, theta, model.arrays, model.X))
     params = (jnp.zeros(m), ld0)
-    carry = (params, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params),
-             jnp.asarray(0, jnp.int32))
+    carry = initial_carry(params)
     X, y = jnp.asarray(model.X), jnp.asarray(model.y)
     key = jax.random.PRNGKey(seed)
     t0 = time.perf_counter()
