@@ -9,7 +9,6 @@ import math
 import time
 from dataclasses import dataclass
 
-import jax.numpy as jnp
 import numpy as np
 
 from stanvi.errors import VIError
