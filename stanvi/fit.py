@@ -437,7 +437,8 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
             ``stanvi.methods.available()``); for a ``stanvi.gp`` model 'qsgp', 'exact' or
             'svi' (docs/gp.md; the result is a ``stanvi.gp.GPFit``).
         family: 'meanfield' (default), 'fullrank', or 'mixture' (a Gaussian mixture whose
-            weights' gradient is Rao-Blackwellized, docs/discrete.md; method 'advi' only).
+            weights' gradient is Rao-Blackwellized, docs/discrete.md; methods 'advi' and 'mlmcvi',
+            the others refuse it with the reason).
         family_options: the family's settings, e.g. for 'mixture' ``{"n_components": 3,
             "component_budget": 2}`` (:class:`stanvi.families.GaussianMixture`).
         seed: integer seed from 0 to 2**32 - 1 (default 0); the same seed gives the same
