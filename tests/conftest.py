@@ -13,6 +13,7 @@ exercise the cache itself use programs with a random comment, so they never meet
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -178,3 +179,17 @@ def random_points(target, n: int, seed: int, scale: float = 1.0) -> np.ndarray:
 def rng(request):
     """A numpy Generator seeded from the test's name (reproducible, different per test)."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def stanvi_log(caplog):
+    """The records of the ``stanvi`` logger at every level (it does not propagate to the root's
+    handlers, where caplog listens)."""
+    logger = logging.getLogger("stanvi")
+    logger.addHandler(caplog.handler)
+    caplog.handler.setLevel(logging.DEBUG)
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield caplog
+    logger.setLevel(level)
+    logger.removeHandler(caplog.handler)

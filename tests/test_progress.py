@@ -16,18 +16,6 @@ class Tty(io.StringIO):
         return True
 
 
-@pytest.fixture
-def stanvi_log(caplog):
-    """The records of the ``stanvi`` logger (which does not propagate to the root's handlers)."""
-    logger = logging.getLogger("stanvi")
-    logger.addHandler(caplog.handler)
-    caplog.handler.setLevel(logging.DEBUG)
-    level = logger.level
-    logger.setLevel(logging.DEBUG)
-    yield caplog
-    logger.setLevel(level)
-    logger.removeHandler(caplog.handler)
-
 
 def test_stage_progress_prints_one_line_per_stage_in_a_log(stanvi_log):
     log = io.StringIO()

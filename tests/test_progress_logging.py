@@ -24,20 +24,6 @@ BAD_PROGRAM = "parameters { real mu } model { mu ~ normal(0, 1); }"   # a ';' is
 
 
 @pytest.fixture
-def stanvi_log(caplog):
-    """The records of the ``stanvi`` logger at every level (it does not propagate to the root's
-    handlers, where caplog listens)."""
-    logger = logging.getLogger("stanvi")
-    logger.addHandler(caplog.handler)
-    caplog.handler.setLevel(logging.DEBUG)
-    level = logger.level
-    logger.setLevel(logging.DEBUG)
-    yield caplog
-    logger.setLevel(level)
-    logger.removeHandler(caplog.handler)
-
-
-@pytest.fixture
 def quiet_stanvi():
     """``logging.getLogger("stanvi").setLevel(logging.WARNING)`` for one test."""
     logger = logging.getLogger("stanvi")

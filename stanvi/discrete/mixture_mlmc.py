@@ -30,7 +30,7 @@ import numpy as np
 
 from stanvi.discrete.mixture_elbo import _columns, surrogate
 from stanvi.errors import VIError
-from stanvi.estimators.mlmc import LevelStats, _collect, _stats
+from stanvi.estimators.mlmc import LevelStats, LevelVarianceSum, _collect, _stats
 
 
 class MixtureCoordinates:
@@ -85,7 +85,7 @@ def free_energy_rows(family, log_density: Callable) -> Callable:
 
 
 @dataclass
-class MixtureMultilevel:
+class MixtureMultilevel(LevelVarianceSum):
     """:class:`stanvi.estimators.mlmc.MultilevelGradient`'s interface (``start``/``restart``,
     ``add_level``, ``G``, ``acc``, ``acc_coord``) plus ``plain`` (the MC baseline level) and
     ``coords``, for the mixture family; ``seed`` keys the column choices (one key per level,
@@ -143,12 +143,6 @@ class MixtureMultilevel:
                                             "a mixture level difference")
         return _stats(rows, evaluated, redrawn)
 
-    def _accumulate(self, stats: LevelStats, reset: bool) -> None:
-        if reset or self.acc_coord is None:
-            self.acc, self.acc_coord = 0.0, np.zeros(self.coords.n_params)
-        if stats.n >= 2:
-            self.acc += stats.cond_var
-            self.acc_coord = self.acc_coord + stats.var_coord / stats.n
 
     def start(self, theta, draw, n0: int) -> LevelStats:
         stats = self.plain(theta, draw, n0)

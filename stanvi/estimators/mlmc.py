@@ -284,8 +284,22 @@ def level_difference(target, coords: Coordinates, theta: np.ndarray, theta_prev:
     return _stats(rows, evaluated, redrawn)
 
 
+class LevelVarianceSum:
+    """Acc_t = Σ_s V̂_s/N_s over the levels with N_s ≥ 2 (spec §2.7, §2.9) and its
+    per-coordinate version, kept as ``acc`` / ``acc_coord`` by a multilevel gradient whose
+    ``coords`` say how many parameters it has (shared by :class:`MultilevelGradient` and the
+    mixture family's :class:`stanvi.discrete.mixture_mlmc.MixtureMultilevel`)."""
+
+    def _accumulate(self, stats: LevelStats, reset: bool) -> None:
+        if reset or self.acc_coord is None:
+            self.acc, self.acc_coord = 0.0, np.zeros(self.coords.n_params)
+        if stats.n >= 2:
+            self.acc += stats.cond_var
+            self.acc_coord = self.acc_coord + stats.var_coord / stats.n
+
+
 @dataclass
-class MultilevelGradient:
+class MultilevelGradient(LevelVarianceSum):
     """The running MLRG G_t of Lemma 1 (spec §2.2), with its diagnostics (spec §2.7).
 
     :meth:`start` sets G_0 from a plain level at θ_0; :meth:`add_level` adds Δ̂_t for (θ_t,
@@ -303,12 +317,6 @@ class MultilevelGradient:
     acc_coord: np.ndarray | None = None
     levels: int = 0
 
-    def _accumulate(self, stats: LevelStats, reset: bool) -> None:
-        if reset or self.acc_coord is None:
-            self.acc, self.acc_coord = 0.0, np.zeros(self.coords.n_params)
-        if stats.n >= 2:
-            self.acc += stats.cond_var
-            self.acc_coord = self.acc_coord + stats.var_coord / stats.n
 
     def start(self, theta: np.ndarray, draw: Callable[[int], np.ndarray], n0: int) -> LevelStats:
         stats = plain_level(self.target, self.coords, theta, draw, n0, truncate=self.truncate,
