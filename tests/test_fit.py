@@ -52,7 +52,7 @@ def any_model(load_target):
 
 
 def test_the_model_list_is_complete():
-    assert len(ALL_MODELS) == 23
+    assert len(ALL_MODELS) == 24
     assert set(available()) >= set(METHODS)
 
 
