@@ -10,6 +10,7 @@ exposes the generic JAX log-density protocol (:meth:`BasisGP.log_joint`,
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,14 @@ from stanvi.gp.kernels import SquaredExponential
 from stanvi.gp.likelihoods import BernoulliLogit, Gaussian, Laplace
 
 _LOG_2PI = math.log(2.0 * math.pi)
+
+
+@partial(jax.jit, static_argnums=0)
+def _features(basis, arrays: dict, X: jax.Array, cols: jax.Array, theta: dict) -> jax.Array:
+    """Φ[X, cols] as one compiled program per (basis, shapes): called outside a trace, the
+    basis's feature map (an RFF column regeneration is a vmapped threefry draw) would otherwise
+    run, and compile, one primitive at a time."""
+    return basis.features(arrays, X, cols, theta)
 
 
 class BasisGP:
@@ -72,6 +81,7 @@ class BasisGP:
         """The same model with hyperparameters ``theta`` (log space)."""
         new = object.__new__(BasisGP)
         new.__dict__.update(self.__dict__)
+        new.__dict__.pop("_exact_elbo_jit", None)
         new.theta = {k: jnp.asarray(v) for k, v in theta.items()}
         return new
 
@@ -80,7 +90,7 @@ class BasisGP:
         """Φ at inputs X (default: the training inputs) and columns ``cols`` (default: all)."""
         X = jnp.asarray(self.X if X is None else np.asarray(X, dtype=float).reshape(-1, self.d))
         cols = jnp.arange(self.m) if cols is None else jnp.asarray(cols)
-        return self.basis.features(self.arrays, X, cols, self.theta if theta is None else theta)
+        return _features(self.basis, self.arrays, X, cols, self.theta if theta is None else theta)
 
     def precision_matrix(self, theta: dict | None = None, log_s=None) -> jax.Array:
         """S (m, m); ``log_s`` (RVM) the per-basis log precisions."""
@@ -113,8 +123,11 @@ class BasisGP:
         """ELBO = Σ_l F_l(a_l, s_l) − KL(q‖p) with a_l = φ_l μ, s_l = ‖Cᵀφ_lᵀ‖ (spec §2.4):
         exact for every likelihood (its F in closed form or by quadrature); O(n m² + m³)."""
         theta = self.theta if theta is None else theta
-        return float(self.exact_elbo_jax(*(jnp.asarray(p) for p in params), theta,
-                                         None if log_s is None else jnp.asarray(log_s)))
+        fn = self.__dict__.get("_exact_elbo_jit")
+        if fn is None:   # one compiled program per model, not one per primitive
+            fn = self.__dict__["_exact_elbo_jit"] = jax.jit(self.exact_elbo_jax)
+        return float(fn(*(jnp.asarray(p) for p in params), theta,
+                        None if log_s is None else jnp.asarray(log_s)))
 
     def exact_elbo_jax(self, mu, ld, L, theta: dict, log_s=None) -> jax.Array:
         """:meth:`exact_elbo` as a differentiable JAX function of (μ, log c_rr, L, θ, log s)."""

@@ -4,6 +4,7 @@ points and basis columns (O(m k) per point); the predictive distribution of y*; 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -25,6 +26,25 @@ class Prediction(NamedTuple):
     prob: np.ndarray | None = None
 
 
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _block(basis, col_chunk: int, m: int, k: int, arrays: dict, th: dict, mu_p, ld_p, L_p, ld_k,
+           Xb, c0):
+    """One (test rows × basis columns) block of :func:`latent_moments`: the partial sums of
+    φ*ᵀμ, of the diagonal columns' Σ (φ*_r c_rr)², of φ*ᵀC[:, :k] and of ‖φ*‖².  Module-level,
+    so that every prediction with the same basis and shapes reuses one compiled program."""
+    cols = c0 + jnp.arange(col_chunk)
+    P = basis.features(arrays, Xb, cols, th) * (cols < m)[None, :]
+    mu_c = jax.lax.dynamic_slice(mu_p, (c0,), (col_chunk,))
+    ld_c = jax.lax.dynamic_slice(ld_p, (c0,), (col_chunk,))
+    mean = P @ mu_c
+    diag = jnp.sum((P * (jnp.exp(ld_c) * (cols >= k))[None, :]) ** 2, axis=1)
+    PC = jnp.zeros((Xb.shape[0], k))
+    if k:
+        L_c = jax.lax.dynamic_slice(L_p, (c0, 0), (col_chunk, k))
+        PC = P @ dense_columns(cols, L_c, ld_k, k)
+    return mean, diag, PC, jnp.sum(P * P, axis=1)
+
+
 def latent_moments(model, params: VParams, theta: dict, Xs: np.ndarray, *,
                    col_chunk: int = 8192, row_chunk: int = 2048,
                    with_norm: bool = False):
@@ -40,20 +60,7 @@ def latent_moments(model, params: VParams, theta: dict, Xs: np.ndarray, *,
     L_p = jnp.concatenate([L, jnp.zeros((pad, k))])
     ld_k = ld[:k]
     th = {kk: jnp.asarray(v) for kk, v in theta.items()}
-
-    @jax.jit
-    def block(Xb, c0):
-        cols = c0 + jnp.arange(col_chunk)
-        P = model.basis.features(model.arrays, Xb, cols, th) * (cols < m)[None, :]
-        mu_c = jax.lax.dynamic_slice(mu_p, (c0,), (col_chunk,))
-        ld_c = jax.lax.dynamic_slice(ld_p, (c0,), (col_chunk,))
-        mean = P @ mu_c
-        diag = jnp.sum((P * (jnp.exp(ld_c) * (cols >= k))[None, :]) ** 2, axis=1)
-        PC = jnp.zeros((Xb.shape[0], k))
-        if k:
-            L_c = jax.lax.dynamic_slice(L_p, (c0, 0), (col_chunk, k))
-            PC = P @ dense_columns(cols, L_c, ld_k, k)
-        return mean, diag, PC, jnp.sum(P * P, axis=1)
+    args = (model.basis, col_chunk, m, k)
 
     means, vars_, norms = [], [], []
     for r0 in range(0, Xs.shape[0], row_chunk):
@@ -63,7 +70,8 @@ def latent_moments(model, params: VParams, theta: dict, Xs: np.ndarray, *,
         PC = jnp.zeros((Xb.shape[0], k))
         nrm = jnp.zeros(Xb.shape[0])
         for c in range(n_col):
-            a, b, pc, nn = block(Xb, c * col_chunk)
+            a, b, pc, nn = _block(*args, model.arrays, th, mu_p, ld_p, L_p, ld_k, Xb,
+                                  c * col_chunk)
             mean, diag, PC, nrm = mean + a, diag + b, PC + pc, nrm + nn
         means.append(np.asarray(mean))
         vars_.append(np.asarray(diag + jnp.sum(PC * PC, axis=1)))

@@ -141,7 +141,7 @@ def init_state(model, sz: Sizes, opts: Options, key: jax.Array) -> tuple[State, 
     Xp = X[jnp.asarray(p)] if sz.nbar else jnp.zeros((0, model.d))
     A = jnp.zeros((sz.nbar, k))
     if sz.nbar and k:
-        A = model.basis.features(model.arrays, Xp, jnp.arange(k), theta) * c0[:k][None, :]
+        A = model.features(Xp, jnp.arange(k), theta) * c0[:k][None, :]
     state = State(mu=jnp.zeros(m), ld=jnp.log(c0), L=jnp.zeros((m, k)), logs=logs,
                   G_mu=jnp.full((m,), g0), G_ld=jnp.full((m,), g0), G_L=jnp.full((m, k), g0),
                   G_logs=jnp.full(logs.shape, g0), theta=theta,
@@ -295,7 +295,7 @@ def run(model, family, *, seed: int = 0, options: Options, progress: bool = Fals
 def cv_drift(model, state: State, data: Data, sz: Sizes) -> float:
     """‖a − Φ0[p] μ‖ / ‖Φ0[p] μ‖: how far the incrementally kept control-variate vector has
     drifted from its definition (Prop 3; ~1e-12 in float64).  O(n_bar m), once per fit."""
-    P0 = np.asarray(model.basis.features(model.arrays, data.Xp, jnp.arange(sz.m), data.theta0))
+    P0 = np.asarray(model.features(data.Xp, jnp.arange(sz.m), data.theta0))
     ref = P0 @ np.asarray(state.mu)
     return float(np.linalg.norm(np.asarray(state.a_mu) - ref) / max(np.linalg.norm(ref), 1e-300))
 

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,7 @@ def _normal_pdf(u, a, s):
     return jnp.exp(-0.5 * z * z) / (s[..., None] * math.sqrt(2.0 * math.pi))
 
 
+@partial(jax.jit, static_argnames=("nodes",))
 def expected_log_sigmoid(a: jax.Array, s: jax.Array, nodes: int = 32) -> jax.Array:
     """E[log σ(a + s z)], z ~ N(0, 1): Gauss–Hermite for s <= 2, else the split
     log σ(u) = min(u, 0) − log1p(e^{−|u|}) with E[min(u, 0)] = a Φ(−a/s) − s φ(a/s) in closed form
@@ -65,6 +66,7 @@ def expected_log_sigmoid(a: jax.Array, s: jax.Array, nodes: int = 32) -> jax.Arr
     return jnp.where(s > SPLIT_ABOVE, closed + rem, gh)
 
 
+@partial(jax.jit, static_argnames=("nodes",))
 def expected_sigmoid(a: jax.Array, s: jax.Array, nodes: int = 32) -> jax.Array:
     """E[σ(a + s z)] (the logistic predictive p(y = 1), spec §4), with the same hybrid rule:
     σ(u) = 1[u > 0] + (σ(u) − 1[u > 0]), E[1[u > 0]] = Φ(a/s)."""
