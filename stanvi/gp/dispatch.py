@@ -42,10 +42,12 @@ def fit_gp(model, data=None, *, method: str, family="meanfield", seed: int = 0,
             f"stanvi.fit")
     if data is not None:
         raise ValueError("a stanvi.gp model carries its data; do not pass data=")
+    from stanvi.methods import make_options  # noqa: PLC0415  (name and type checks)
+
     if method == "qsgp":
         from stanvi.gp import qsgp  # noqa: PLC0415
 
-        return qsgp.run(model, family, seed=seed, options=qsgp.make_options(options),
+        return qsgp.run(model, family, seed=seed, options=make_options(qsgp, None, options),
                         progress=progress)
     if method == "exact":
         from stanvi.gp import exact  # noqa: PLC0415
@@ -57,4 +59,4 @@ def fit_gp(model, data=None, *, method: str, family="meanfield", seed: int = 0,
     from stanvi.gp import svi  # noqa: PLC0415
 
     return svi.run(model, family=None if family == "meanfield" else family, seed=seed,
-                   options=svi.make_options(options))
+                   options=make_options(svi, None, options))

@@ -25,6 +25,18 @@ from stanvi.gp.quadrature import expected_log_sigmoid, expected_sigmoid
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
+def _no_hyperparameters() -> dict:
+    """θ of a likelihood without hyperparameters of its own."""
+    return {}
+
+
+def _finite(y) -> np.ndarray:
+    y = np.asarray(y, dtype=float)
+    if not np.all(np.isfinite(y)):
+        raise ValueError(f"y has {int(np.sum(~np.isfinite(y)))} non-finite values")
+    return y
+
+
 @dataclass(frozen=True)
 class Gaussian:
     """y ~ N(f, σ²); learnable noise variance σ² (``log_noise``), initial ``noise`` (default
@@ -116,8 +128,7 @@ class BernoulliLogit:
     is_log_concave: bool = True
     task: str = "classification"
 
-    def theta0(self) -> dict:
-        return {}
+    theta0 = staticmethod(_no_hyperparameters)
 
     def check_y(self, y):
         y = np.asarray(y, dtype=float)
@@ -158,16 +169,5 @@ class StudentT:
     name: str = "student_t"
     is_log_concave: bool = False
     task: str = "regression"
-
-    def theta0(self) -> dict:
-        return {}
-
-    def check_y(self, y):
-        return _finite(y)
-
-
-def _finite(y) -> np.ndarray:
-    y = np.asarray(y, dtype=float)
-    if not np.all(np.isfinite(y)):
-        raise ValueError(f"y has {int(np.sum(~np.isfinite(y)))} non-finite values")
-    return y
+    theta0 = staticmethod(_no_hyperparameters)
+    check_y = staticmethod(_finite)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
@@ -56,12 +56,10 @@ class Options:
     exact_elbo_every: int = 0
 
 
-def make_options(overrides: dict) -> Options:
-    names = {f.name for f in fields(Options)}
-    unknown = sorted(set(overrides) - names)
-    if unknown:
-        raise TypeError(f"unknown option(s) {unknown} for qsgp; valid options: {sorted(names)}")
-    return Options(**overrides)
+PROFILES: dict[str, dict] = {"default": {}}
+"""Named option sets, read by :func:`stanvi.methods.make_options` (which checks names and
+types): one, the spec §5 defaults of :class:`Options`."""
+DEFAULT_PROFILE = "default"
 
 
 class State(NamedTuple):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 
 import jax
@@ -35,12 +35,9 @@ class Options:
     chunk: int = 100
 
 
-def make_options(overrides: dict) -> Options:
-    names = {f.name for f in fields(Options)}
-    unknown = sorted(set(overrides) - names)
-    if unknown:
-        raise TypeError(f"unknown option(s) {unknown} for svi; valid options: {sorted(names)}")
-    return Options(**overrides)
+PROFILES: dict[str, dict] = {"default": {}}
+"""Named option sets, read by :func:`stanvi.methods.make_options`: one, the defaults above."""
+DEFAULT_PROFILE = "default"
 
 
 def make_chunk(model, opts: Options, length: int):
