@@ -196,7 +196,7 @@ def test_lower_bound_holds_and_tightens(lik):
     for mt in (5, 10, 20):
         sz, data = setup_estimator(model, family, nt=40, mt=mt, nbar=0, mr=17)
         f = fast_jit(jax.vmap(estimator_fn(model, sz, data), in_axes=(None,) * 5 + (0, 0, 0, 0)))
-        l, i, j, r = random_draws(sz, 4000, seed=mt)
+        l, i, j, r = random_draws(sz, 1000, seed=mt)   # gap/SE >= 30 at every m~
         if mt == 20:   # last row: the deterministic full batch, every row and column once
             full = (jnp.arange(40), jnp.arange(20), jnp.arange(20), jnp.arange(3, 20))
             l, i, j, r = (jnp.concatenate([a, b[None]]) for a, b in zip((l, i, j, r), full))
