@@ -117,6 +117,16 @@ def test_exact_method_with_inducing_points_is_the_exact_gp():
     assert np.all(aug.var_f >= pred.var_f - 1e-12)
     assert aug.var_f[-1] == pytest.approx(1.0, rel=1e-6)   # k** = s_f²
     assert np.all(aug.var_y == pytest.approx(aug.var_f + 0.05))
+    # QSGP on the same model with the Nyström control variate (App. F.2 (i)): ν = Ψ μ kept
+    # incrementally stays equal to its definition (Prop 3), and the fit improves the ELBO
+    q = stanvi.fit(model, method="qsgp", batch_size=20, basis_batch_size=10, cv_rank=10,
+                   nystrom_rank=10, num_steps=600, chunk=300, lr=0.05)
+    assert q.info["nystrom_drift"] < 1e-10 and q.info["cv_drift"] < 1e-10
+    start = gp.GPFit(**{**q.__dict__, "params": gp.VParams(
+        np.zeros(40), np.full(40, q.params.ld.mean()), np.zeros((40, 0)))})
+    assert q.exact_elbo() > start.exact_elbo() + 10.0
+    with pytest.raises(ValueError, match="nystrom_rank needs a dense prior precision"):
+        stanvi.fit(gp.rff_regression(X, y, m=8), method="qsgp", nystrom_rank=4, num_steps=1)
 
 
 def _gp_posterior(K, Ks, kss, y, noise):

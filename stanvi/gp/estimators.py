@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
 
 from stanvi.gp.families import dense_columns
 from stanvi.gp.likelihoods import Gaussian
@@ -52,6 +53,7 @@ class Sizes:
     mt: int       # m~
     mr: int       # m~_r (0 when k = m)
     nbar: int     # control-variate support rows (0: no control variate)
+    nys: int = 0  # Nyström control-variate support inputs (dense S only; 0: none)
 
     @property
     def width(self) -> int:
@@ -84,6 +86,9 @@ class Batch(NamedTuple):
     Phi0: jax.Array     # (nbar, width) Φ0[p, W] at the initial θ, padded columns zero
     a_mu: jax.Array     # (nbar,) = Φ0[p, :] μ
     A: jax.Array        # (nbar, k) = Φ0[p, :] C[:, :k]
+    Psi: jax.Array = None     # (nys, width) Ψ[:, W] = R⁻¹ K(V, Z_W), padded columns zero
+    a_nys: jax.Array = None   # (nys,) = Ψ μ
+    A_nys: jax.Array = None   # (nys, k) = Ψ C[:, :k]
 
 
 def draw_indices(key: jax.Array, sz: Sizes):
@@ -155,6 +160,10 @@ def objective(model, sz: Sizes, sl: Slices, theta: dict, b: Batch, arrays: dict,
         c2_r = jnp.exp(2.0 * ld_r)
         s_r = basis.precision_diag(arrays, b.W[b.pr], theta,
                                    sl.logs[b.pr] if sl.logs.size else None)
+    nys_cv = 0.0
+    if sz.nys:   # Nyström control variate of the dense S term (App. F.2 (i)): ΨᵀΨ ≈ K(Z, Z)
+        nys_cv = gram_cv(b.Psi, b.a_nys, b.A_nys, b, sl.mu, Cw if k else None,
+                         m * m / (mt * mt), 1.0, m)
     # −log|S|
     if basis.per_basis_precision:
         logdet_S = (m / mt) * jnp.sum(sl.logs[b.pi])                 # Prop 2
@@ -179,25 +188,11 @@ def objective(model, sz: Sizes, sl: Slices, theta: dict, b: Batch, arrays: dict,
             L_sig = L_sig + ((m - k) / mr) * jnp.sum(c2_r * (col_sq / v + s_r) - 2.0 * ld_r)
         L_const = -logdet_S - m + n * (_LOG_2PI + jnp.log(v)) + (n / nt) * (b.yl @ b.yl) / v
         cv = 0.0
-        if sz.nbar:
+        if sz.nbar:   # data-Gram control variate (Eq. 3): (n/n_bar) Φ0_pᵀΦ0_p ≈ ΦᵀΦ
             nbar = float(sz.nbar)
-            cC = n * m * m / (nbar * mt * mt)
-            cE = n / nbar
-            P0i, P0j = b.Phi0[:, b.pi], b.Phi0[:, b.pj]
-            P0U = b.Phi0 * b.in_u[None, :]
-            resc = m / b.n_u
-
-            def q_tilde(a, uU):
-                # value ‖a‖² exactly; gradient (m/|U|)·(dense gradient on U) (App. F.1)
-                aa = a + P0U @ (uU - sg(uU))
-                q = jnp.sum(aa * aa)
-                return resc * q + sg((1.0 - resc) * q)
-
-            cv = -cC * (P0j @ mu_j) @ (P0i @ mu_i) + cE * q_tilde(b.a_mu, sl.mu)
-            if k:
-                cv = cv - cC * jnp.sum((P0j @ Cj) * (P0i @ Ci)) + cE * q_tilde(b.A, Cw)
-            cv = cv / v
-        return 0.5 * (L_mu + L_sig + L_const + cv)
+            cv = gram_cv(b.Phi0, b.a_mu, b.A, b, sl.mu, Cw if k else None,
+                         n * m * m / (nbar * mt * mt), n / nbar, m) / v
+        return 0.5 * (L_mu + L_sig + L_const + cv + nys_cv)
 
     # ---- corrected lower bound for log-concave likelihoods (spec §2.4)
     scale = m / mt
@@ -216,16 +211,51 @@ def objective(model, sz: Sizes, sl: Slices, theta: dict, b: Batch, arrays: dict,
         kl2 = kl2 + s_quad(Ci, Cj) - 2.0 * jnp.sum(ld_dense)
     if mr:
         kl2 = kl2 + ((m - k) / mr) * jnp.sum(c2_r * s_r - 2.0 * ld_r)
-    return -lb + 0.5 * kl2
+    return -lb + 0.5 * (kl2 + nys_cv)
 
 
-def make_batch(sz: Sizes, X, y, Xp, i_l, i, j, r, basis, arrays, theta0, a_mu, A) -> Batch:
-    """Gather the step's data and index sets; Φ0[p, W] at the frozen initial θ (App. F.3)."""
+def gram_cv(P: jax.Array, a: jax.Array, A: jax.Array, b: Batch, mu_W: jax.Array,
+            Cw: jax.Array | None, c_pair: float, c_exp: float, m: float) -> jax.Array:
+    """A mean-zero control variate for the quadratic forms uᵀ(PᵀP)u, u = μ and every dense
+    column of C, with P = P[:, W] a fixed low-rank factor gathered at W (spec §2.5):
+    −c_pair (P_j u_j)ᵀ(P_i u_i) + c_exp ‖P u‖², where ``a`` = P μ and ``A`` = P C[:, :k] are
+    kept up to date incrementally (Prop 3), so E[first term] = second term whenever
+    c_pair = c_exp (m/m~)².  The expectation term's gradient is the dense one on
+    U = unique(i~ ∪ j~) rescaled by m/|U| (App. F.1; |U| counts distinct real indices, A5)."""
+    Pi, Pj = P[:, b.pi], P[:, b.pj]
+    PU = P * b.in_u[None, :]
+    resc = m / b.n_u
+
+    def q_tilde(a0, uU):
+        # value ‖a0‖² exactly; gradient (m/|U|)·(dense gradient on U) (App. F.1)
+        aa = a0 + PU @ (uU - sg(uU))
+        q = jnp.sum(aa * aa)
+        return resc * q + sg((1.0 - resc) * q)
+
+    mu_i, mu_j = mu_W[b.pi], mu_W[b.pj]
+    cv = -c_pair * (Pj @ mu_j) @ (Pi @ mu_i) + c_exp * q_tilde(a, mu_W)
+    if Cw is not None:
+        cv = cv - c_pair * jnp.sum((Pj @ Cw[b.pj]) * (Pi @ Cw[b.pi])) + c_exp * q_tilde(A, Cw)
+    return cv
+
+
+def make_batch(sz: Sizes, X, y, Xp, i_l, i, j, r, basis, arrays, theta0, a_mu, A,
+               nys=None) -> Batch:
+    """Gather the step's data and index sets; Φ0[p, W] at the frozen initial θ (App. F.3);
+    with ``nys = (V, R, a_nys, A_nys)`` (R the lower Cholesky factor of K(V, V)) also the
+    Nyström factor Ψ[:, W] = R⁻¹ K(V, Z_W) (App. F.2 (i))."""
     W, pi, pj, pr, pk, in_u, n_u = index_sets(sz, i, j, r)
     cols = basis.columns(arrays, W)
+    real = (W < sz.m)[None, :]
     if sz.nbar:
-        Phi0 = basis.features_at(cols, Xp, theta0) * (W < sz.m)[None, :]
+        Phi0 = basis.features_at(cols, Xp, theta0) * real
     else:
         Phi0 = jnp.zeros((0, sz.width))
-    return Batch(X[i_l], y[i_l], W, cols, pi, pj, pr, pk, in_u, n_u, Phi0, a_mu, A)
+    extra = ()
+    if sz.nys:
+        V, R, a_nys, A_nys = nys
+        Psi = jax.scipy.linalg.solve_triangular(R, basis.features_at(cols, V, theta0) * real,
+                                                lower=True)
+        extra = (Psi, a_nys, A_nys)
+    return Batch(X[i_l], y[i_l], W, cols, pi, pj, pr, pk, in_u, n_u, Phi0, a_mu, A, *extra)
 

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
 import numpy as np
 
 from stanvi.errors import VIError
@@ -34,6 +35,9 @@ class Options:
       likelihood only; 0 turns it off).
     * ``num_steps`` T = 10⁵; ``lr`` AdaGrad 0.1 with exponential decay to ``lr_decay``·lr at T
       (γ = 0.1^{1/T}); ``adagrad_init`` = 0.1 (the accumulator's start, TF's default, A13).
+    * ``nystrom_rank``: support inputs V (random inducing inputs) of the Nyström control
+      variate for the dense prior-precision term of the inducing-point family (App. F.2 (i),
+      spec §2.5; the paper's Table 3 used 200); 0 (default) turns it off.
     * ``learn_hyperparameters`` (empirical Bayes) with Adam at ``hyper_lr`` = 1e-5, frozen for
       the first ``freeze_steps`` (None: 10 % of T).
     * ``chunk``: steps per compiled call (one row of the ELBO trace: the mean of the chunk's
@@ -54,6 +58,7 @@ class Options:
     freeze_steps: int | None = None
     chunk: int = 100
     exact_elbo_every: int = 0
+    nystrom_rank: int = 0
 
 
 PROFILES: dict[str, dict] = {"default": {}}
@@ -77,6 +82,8 @@ class State(NamedTuple):
     a_mu: jax.Array
     A: jax.Array
     t: jax.Array
+    a_nys: jax.Array
+    A_nys: jax.Array
 
 
 class Data(NamedTuple):
@@ -85,6 +92,8 @@ class Data(NamedTuple):
     Xp: jax.Array      # control-variate support rows
     arrays: dict
     theta0: dict
+    V: jax.Array       # Nyström support inputs (nys, d)
+    R: jax.Array       # lower Cholesky factor of K(V, V) (nys, nys)
 
 
 def check_model(model) -> None:
@@ -107,7 +116,13 @@ def sizes_for(model, family, opts: Options) -> Sizes:
     for name, value in (("batch_size", nt), ("basis_batch_size", mt)):
         if value < 1:
             raise ValueError(f"qsgp option {name} must be >= 1, got {value}")
-    return Sizes(n=n, m=m, k=k, nt=nt, mt=mt, mr=mr, nbar=nbar)
+    nys = int(opts.nystrom_rank)
+    if nys and model.basis.is_diagonal:
+        raise ValueError("qsgp option nystrom_rank needs a dense prior precision (the "
+                         f"inducing-point basis); {model.basis.name} has a diagonal S")
+    if nys < 0:
+        raise ValueError(f"qsgp option nystrom_rank must be >= 0, got {nys}")
+    return Sizes(n=n, m=m, k=k, nt=nt, mt=mt, mr=mr, nbar=nbar, nys=min(nys, m))
 
 
 def hyper_mask(model, learn: bool) -> dict:
@@ -140,15 +155,25 @@ def init_state(model, sz: Sizes, opts: Options, key: jax.Array) -> tuple[State, 
     A = jnp.zeros((sz.nbar, k))
     if sz.nbar and k:
         A = model.features(Xp, jnp.arange(k), theta) * c0[:k][None, :]
+    V, R = jnp.zeros((0, model.d)), jnp.zeros((0, 0))
+    A_nys = jnp.zeros((sz.nys, k))
+    if sz.nys:   # Nyström support: n_bar random inducing inputs, K(V, V) = R Rᵀ (once)
+        q = jnp.asarray(np.sort(rng.choice(m, size=sz.nys, replace=False)))
+        V = model.arrays["Z"][q]
+        R = jnp.linalg.cholesky(model.basis.prior_precision(model.arrays, q, q, theta))
+        if k:
+            A_nys = jax.scipy.linalg.solve_triangular(
+                R, model.features(V, jnp.arange(k), theta), lower=True) * c0[:k][None, :]
     state = State(mu=jnp.zeros(m), ld=jnp.log(c0), L=jnp.zeros((m, k)), logs=logs,
                   G_mu=jnp.full((m,), g0), G_ld=jnp.full((m,), g0), G_L=jnp.full((m, k), g0),
                   G_logs=jnp.full(logs.shape, g0), theta=theta,
                   m1=jax.tree.map(jnp.zeros_like, theta), m2=jax.tree.map(jnp.zeros_like, theta),
-                  a_mu=jnp.zeros(sz.nbar), A=A, t=jnp.asarray(0, jnp.int32))
+                  a_mu=jnp.zeros(sz.nbar), A=A, t=jnp.asarray(0, jnp.int32),
+                  a_nys=jnp.zeros(sz.nys), A_nys=A_nys)
     # strong (non-weak) dtypes: the state a chunk returns has the types it was given
     state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), state)
     data = Data(X=X, y=jnp.asarray(model.y), Xp=Xp, arrays=model.arrays,
-                theta0={kk: jnp.array(v, copy=True) for kk, v in theta.items()})
+                theta0={kk: jnp.array(v, copy=True) for kk, v in theta.items()}, V=V, R=R)
     return state, data
 
 
@@ -178,7 +203,8 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
         t = state.t + 1
         l, i, j, r = draw_indices(jax.random.fold_in(key, t), sz)
         batch = make_batch(sz, data.X, data.y, data.Xp, l, i, j, r, model.basis, data.arrays,
-                           data.theta0, state.a_mu, state.A)
+                           data.theta0, state.a_mu, state.A,
+                           (data.V, data.R, state.a_nys, state.A_nys) if sz.nys else None)
         W = batch.W
         sl = Slices(mu=gather(state.mu, W), ld=gather(state.ld, W),
                     L=state.L.at[W].get(mode="fill", fill_value=0.0),
@@ -199,6 +225,12 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
             if k:
                 A = A + batch.Phi0 @ (dense_columns(W, L_W, ld_W[batch.pk], k)
                                       - dense_columns(W, sl.L, sl.ld[batch.pk], k))
+        a_nys, A_nys = state.a_nys, state.A_nys
+        if sz.nys:    # the same Prop 3 bookkeeping for ν = Ψ μ (and Ψ C[:, :k])
+            a_nys = a_nys + batch.Psi @ (mu_W - sl.mu)
+            if k:
+                A_nys = A_nys + batch.Psi @ (dense_columns(W, L_W, ld_W[batch.pk], k)
+                                             - dense_columns(W, sl.L, sl.ld[batch.pk], k))
         theta, m1, m2 = state.theta, state.m1, state.m2
         if learn_any:
             lr_th = opts.hyper_lr * gamma ** t.astype(jnp.float64)
@@ -206,7 +238,8 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
             on = t > freeze
             pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(on, a, b), new, old)  # noqa: E731
             theta, m1, m2 = pick(th_new, theta), pick(m1_new, m1), pick(m2_new, m2)
-        new = State(mu, ld, L, logs, G_mu, G_ld, G_L, G_logs, theta, m1, m2, a_mu, A, t)
+        new = State(mu, ld, L, logs, G_mu, G_ld, G_L, G_logs, theta, m1, m2, a_mu, A, t,
+                    a_nys, A_nys)
         return new, -loss
 
     return step
@@ -281,6 +314,8 @@ def run(model, family, *, seed: int = 0, options: Options, progress: bool = Fals
     info = {"sizes": sz.__dict__, "logdet_S": logdet_S, "steps": done}
     if sz.nbar and sz.m * sz.nbar <= 5 * 10**7:
         info["cv_drift"] = cv_drift(model, state, data, sz)
+    if sz.nys and sz.m * sz.nys <= 5 * 10**7:
+        info["nystrom_drift"] = nystrom_drift(model, state, data, sz)
     if status == "failed":
         raise VIError(f"qsgp: {message}")
     return GPFit(model=model, method="qsgp", family=family, params=_vparams(state, numpy=True),
@@ -294,8 +329,18 @@ def cv_drift(model, state: State, data: Data, sz: Sizes) -> float:
     """‖a − Φ0[p] μ‖ / ‖Φ0[p] μ‖: how far the incrementally kept control-variate vector has
     drifted from its definition (Prop 3; ~1e-12 in float64).  O(n_bar m), once per fit."""
     P0 = np.asarray(model.features(data.Xp, jnp.arange(sz.m), data.theta0))
-    ref = P0 @ np.asarray(state.mu)
-    return float(np.linalg.norm(np.asarray(state.a_mu) - ref) / max(np.linalg.norm(ref), 1e-300))
+    return _relative_gap(state.a_mu, P0 @ np.asarray(state.mu))
+
+
+def nystrom_drift(model, state: State, data: Data, sz: Sizes) -> float:
+    """‖ν − Ψ μ‖ / ‖Ψ μ‖ for the Nyström control variate's ν (Ψ = R⁻¹ K(V, Z); App. F.2 (i)
+    with the Prop 3 bookkeeping).  O(n_bar m), once per fit."""
+    K = np.asarray(model.features(data.V, jnp.arange(sz.m), data.theta0))
+    return _relative_gap(state.a_nys, np.linalg.solve(np.asarray(data.R), K) @ np.asarray(state.mu))
+
+
+def _relative_gap(kept, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(kept) - ref) / max(np.linalg.norm(ref), 1e-300))
 
 
 def _vparams(state: State, numpy: bool = False) -> VParams:
