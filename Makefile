@@ -21,7 +21,7 @@ demo: venv
 	$(PY) -m stanvi.demo
 
 test: venv
-	$(PY) -m pytest tests -q -rs
+	$(PY) -m pytest tests -q -rs --durations=25
 
 bench: venv
 	$(VENV)/bin/stanvi bench target
