@@ -23,7 +23,7 @@ from stanvi.errors import NotConvergedError, NotConvergedWarning, VIError
 from stanvi.estimators.base import estimator_for
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.families import make_family
-from stanvi.methods import get_method, make_options
+from stanvi.methods import GP_METHODS, get_method, make_options
 from stanvi.methods.base import MethodResult, RunContext, Trace, purpose_key
 from stanvi.progress import IterationProgress
 from stanvi.stan.compiler import CompiledModel
@@ -417,9 +417,6 @@ def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.
     if arr.shape != (d,):
         raise ValueError(f"init array must have shape ({d},) (unconstrained), got {arr.shape}")
     return arr, random_mu
-
-
-GP_METHODS = ("qsgp", "exact", "svi")   # methods of stanvi.gp models (stanvi/gp/dispatch.py)
 
 
 def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "meanfield",

@@ -8,8 +8,7 @@ from __future__ import annotations
 import os
 
 from stanvi.errors import VIError
-
-GP_METHODS = ("qsgp", "exact", "svi")
+from stanvi.methods import GP_METHODS
 
 
 class MethodNotApplicable(VIError, ValueError):

@@ -17,6 +17,9 @@ METHODS: dict[str, ModuleType] = {"trustvi": trustvi, "advi": advi, "hfsgvi": hf
                                   "jointcv": jointcv, "mlmcvi": mlmcvi}
 """``stanvi.fit(method=name)`` → the module that implements it."""
 
+GP_METHODS = ("qsgp", "exact", "svi")
+"""The methods of :mod:`stanvi.gp` models (dispatched by :func:`stanvi.gp.dispatch.fit_gp`)."""
+
 
 def available() -> list[str]:
     return sorted(METHODS)
