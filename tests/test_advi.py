@@ -578,15 +578,10 @@ def test_sgd_overhead_per_iteration():
 
 # ============================================================================ a Stan model
 @pytest.mark.slow
-def test_stan_model_with_reject_region():
+def test_stan_model_with_reject_region(reject_region):
     """A real reject(): the chunk's callbacks into C++ inside the jitted loop follow the same
     drop-and-redraw rule as gradient_with_redraws; dropped draws are evaluated but not charged."""
-    os.environ.setdefault("STANVI_CACHE_DIR", "/tmp/stanvi-cache")
-    try:
-        target = stanvi.load("stan_models/reject_region/reject_region.stan",
-                             "stan_models/reject_region/reject_region.data.json", progress=False)
-    except (stanvi.ToolchainError, OSError) as exc:
-        pytest.skip(f"Stan model library unavailable: {exc}")
+    target = reject_region
     family = MeanField(target.dim)
     est = ElboEstimator(family, target.jax_log_density)
     key = jax.random.PRNGKey(3)
