@@ -34,6 +34,9 @@ def add_bench_parser(sub) -> None:
                         "qsgp: stanvi.gp step time over n and m vs the svi baseline, control-"
                         "variate variance reduction, accuracy on simulated sets (--models among "
                         "steps,cv,accuracy; --iters: training steps, default 3000)")
+    p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="qsgp: the precision of QSGP's training loop in the step-time grid "
+                        "(default float64)")
     p.add_argument("--models-dir", default=str(DEFAULT_MODELS_DIR), help="directory of the stan_models set")
     p.add_argument("--no-cold", action="store_true", help="skip the cold compile (fresh cache, ~1 min)")
     p.add_argument("--batch", type=int, default=256, help="draws per batched call (default 256)")
@@ -199,6 +202,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if unknown:
             raise SystemExit(f"stanvi bench qsgp: unknown parts {unknown}; choose from "
                              "steps,cv,accuracy")
-        gp_bench.run(parts, steps=3000 if args.iters == 5000 else args.iters, output=args.output)
+        gp_bench.run(parts, steps=3000 if args.iters == 5000 else args.iters, output=args.output,
+                     dtype=args.dtype)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")

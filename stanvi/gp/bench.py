@@ -75,9 +75,11 @@ def _time_chunks(fn, state, args, n_chunks: int, warm: int = 2):
     return float(np.median(times))
 
 
-def qsgp_step_ms(n: int, m: int, *, nt=100, mt=1000, nbar=100, X=None, y=None) -> float:
+def qsgp_step_ms(n: int, m: int, *, nt=100, mt=1000, nbar=100, X=None, y=None,
+                 dtype: str = "float64") -> float:
     model = rff_regression(X[:n], y[:n], m=m, lengthscale=0.5, noise=0.01)
-    opts = qsgp.Options(batch_size=nt, basis_batch_size=mt, cv_rank=nbar, num_steps=10**5)
+    opts = qsgp.Options(batch_size=nt, basis_batch_size=mt, cv_rank=nbar, num_steps=10**5,
+                        dtype=dtype)
     sz = qsgp.sizes_for(model, MeanField(), opts)
     state, data = qsgp.init_state(model, sz, opts, jax.random.PRNGKey(0))
     run = qsgp.make_chunk_runner(qsgp.make_step(model, sz, opts, None), 10)
@@ -103,12 +105,13 @@ def svi_step_ms(n: int, m: int, *, nt=100, steps=10, X=None, y=None) -> float:
 
 
 def bench_steps(ns=(10**4, 10**5, 10**6), ms=(10**4, 10**5, 10**6, 10**7),
-                svi_ms=(10**4, 10**5, 10**6), qsgp: bool = True) -> dict:
+                svi_ms=(10**4, 10**5, 10**6), qsgp: bool = True, dtype: str = "float64") -> dict:
+    """QSGP's grid in ``dtype`` (the svi baseline always in float64)."""
     X, y, _ = simulate(max(ns), "gaussian", seed=1, truth_m=500)
-    out = {"qsgp": {}, "svi": {}}
+    out = {"qsgp": {}, "svi": {}, "dtype": dtype}
     for n in (ns if qsgp else ()):
         for m in ms:
-            out["qsgp"][f"{n},{m}"] = qsgp_step_ms(n, m, X=X, y=y)
+            out["qsgp"][f"{n},{m}"] = qsgp_step_ms(n, m, X=X, y=y, dtype=dtype)
             print(f"  qsgp  n={n:>8} m={m:>9}: {out['qsgp'][f'{n},{m}']:8.2f} ms/step", flush=True)
     n_svi = 10**5 if 10**5 in ns else ns[0]
     for m in svi_ms:
@@ -223,16 +226,17 @@ def bench_cv(n: int = 40_000, m: int = 10_000, nt: int = 500, mt: int = 500,
 
 
 def run(parts=("steps", "accuracy", "cv"), *, steps: int = 3000, output=None,
-        max_n: int = 10**6, max_m: int = 10**7) -> dict:
+        max_n: int = 10**6, max_m: int = 10**7, dtype: str = "float64") -> dict:
     """Run the chosen parts, print their figures, write JSON to ``output``."""
     print(f"stanvi bench qsgp (JAX backend: {jax.default_backend()}, "
           f"{jax.device_count()} device(s))", flush=True)
     out: dict = {"backend": jax.default_backend()}
     if "steps" in parts:
-        print("step time (median ms per step; QSGP-0: n~ = 100, m~ = 1000, n_bar = 100)")
+        print(f"step time (median ms per step; QSGP-0 in {dtype}: n~ = 100, m~ = 1000, "
+              "n_bar = 100; svi in float64)")
         ns = tuple(n for n in (10**4, 10**5, 10**6) if n <= max_n)
         ms = tuple(m for m in (10**4, 10**5, 10**6, 10**7) if m <= max_m)
-        out["steps"] = bench_steps(ns, ms, tuple(m for m in ms if m <= 10**6))
+        out["steps"] = bench_steps(ns, ms, tuple(m for m in ms if m <= 10**6), dtype=dtype)
         q = list(out["steps"]["qsgp"].values())
         print(f"  qsgp max/min over the grid: {max(q) / min(q):.2f}")
     if "cv" in parts:

@@ -43,6 +43,10 @@ class Options:
     * ``chunk``: steps per compiled call (one row of the ELBO trace: the mean of the chunk's
       stochastic ELBO estimates); ``exact_elbo_every``: also log the exact ELBO every that many
       chunks (small problems only; 0 = never).
+    * ``dtype``: ``"float64"`` (default: the statistical tests' precision, spec §7) or
+      ``"float32"``, the precision of the training state and data inside the loop (the spec's
+      §6.4 step-time prototype ran in float32; on a GPU float32 is the fast path).  The fitted
+      parameters are returned as float64 arrays either way; predictions are made in float64.
     """
 
     batch_size: int = 500
@@ -59,6 +63,7 @@ class Options:
     chunk: int = 100
     exact_elbo_every: int = 0
     nystrom_rank: int = 0
+    dtype: str = "float64"
 
 
 PROFILES: dict[str, dict] = {"default": {}}
@@ -105,6 +110,16 @@ def check_model(model) -> None:
         raise VIError(f"likelihood {model.likelihood.name} has no expected log site function")
 
 
+DTYPES = {"float32": jnp.float32, "float64": jnp.float64}
+
+
+def cast_floats(tree, dtype):
+    """Every floating-point leaf of ``tree`` as ``dtype`` (integer leaves unchanged)."""
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating) else x,
+        tree)
+
+
 def sizes_for(model, family, opts: Options) -> Sizes:
     n, m = model.n, model.m
     k = family.num_dense(m)
@@ -116,6 +131,8 @@ def sizes_for(model, family, opts: Options) -> Sizes:
     for name, value in (("batch_size", nt), ("basis_batch_size", mt)):
         if value < 1:
             raise ValueError(f"qsgp option {name} must be >= 1, got {value}")
+    if opts.dtype not in DTYPES:
+        raise ValueError(f"qsgp option dtype must be one of {sorted(DTYPES)}, got {opts.dtype!r}")
     nys = int(opts.nystrom_rank)
     if nys and model.basis.is_diagonal:
         raise ValueError("qsgp option nystrom_rank needs a dense prior precision (the "
@@ -171,10 +188,11 @@ def init_state(model, sz: Sizes, opts: Options, key: jax.Array) -> tuple[State, 
                   a_mu=jnp.zeros(sz.nbar), A=A, t=jnp.asarray(0, jnp.int32),
                   a_nys=jnp.zeros(sz.nys), A_nys=A_nys)
     # strong (non-weak) dtypes: the state a chunk returns has the types it was given
-    state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), state)
+    dtype = DTYPES[opts.dtype]
+    state = cast_floats(jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), state), dtype)
     data = Data(X=X, y=jnp.asarray(model.y), Xp=Xp, arrays=model.arrays,
                 theta0={kk: jnp.array(v, copy=True) for kk, v in theta.items()}, V=V, R=R)
-    return state, data
+    return state, cast_floats(data, dtype)
 
 
 def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
@@ -210,7 +228,7 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
                     L=state.L.at[W].get(mode="fill", fill_value=0.0),
                     logs=gather(state.logs, W) if rvm else state.logs)
         loss, (g_sl, g_th) = grad_fn(sl, state.theta, batch, data.arrays)
-        lr = opts.lr * gamma ** t.astype(jnp.float64)
+        lr = (opts.lr * gamma ** t.astype(jnp.float64)).astype(state.mu.dtype)
         mu, G_mu, mu_W = adagrad_sparse(state.mu, state.G_mu, W, sl.mu, g_sl.mu, lr)
         ld, G_ld, ld_W = adagrad_sparse(state.ld, state.G_ld, W, sl.ld, g_sl.ld, lr)
         L, G_L, L_W = state.L, state.G_L, sl.L
@@ -240,6 +258,8 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
             theta, m1, m2 = pick(th_new, theta), pick(m1_new, m1), pick(m2_new, m2)
         new = State(mu, ld, L, logs, G_mu, G_ld, G_L, G_logs, theta, m1, m2, a_mu, A, t,
                     a_nys, A_nys)
+        # the carry keeps the state's dtype (float32 runs: a float64 constant must not promote it)
+        new = jax.tree.map(lambda a, old: a.astype(old.dtype), new, state)
         return new, -loss
 
     return step
@@ -307,8 +327,9 @@ def run(model, family, *, seed: int = 0, options: Options, progress: bool = Fals
                "lr": float(options.lr * (options.lr_decay ** (done / T))),
                "wall_time": time.perf_counter() - t0}
         if options.exact_elbo_every and n_chunks % int(options.exact_elbo_every) == 0:
-            row["exact_elbo"] = model.exact_elbo(_vparams(state), state.theta,
-                                                 state.logs if state.logs.size else None)
+            row["exact_elbo"] = model.exact_elbo(
+                _vparams(state), cast_floats(state.theta, jnp.float64),
+                state.logs.astype(jnp.float64) if state.logs.size else None)
         trace.append(row)
     wall = time.perf_counter() - t0
     info = {"sizes": sz.__dict__, "logdet_S": logdet_S, "steps": done}
@@ -319,8 +340,8 @@ def run(model, family, *, seed: int = 0, options: Options, progress: bool = Fals
     if status == "failed":
         raise VIError(f"qsgp: {message}")
     return GPFit(model=model, method="qsgp", family=family, params=_vparams(state, numpy=True),
-                 theta={kk: np.asarray(v) for kk, v in state.theta.items()},
-                 log_s=np.asarray(state.logs) if state.logs.size else None, options=options,
+                 theta={kk: np.asarray(v, dtype=np.float64) for kk, v in state.theta.items()},
+                 log_s=np.asarray(state.logs, dtype=np.float64) if state.logs.size else None, options=options,
                  seed=seed, trace=trace, status=status, message=message, wall_time=wall,
                  compile_time=compile_time, info=info)
 
@@ -345,5 +366,5 @@ def _relative_gap(kept, ref: np.ndarray) -> float:
 
 def _vparams(state: State, numpy: bool = False) -> VParams:
     if numpy:
-        return VParams(np.asarray(state.mu), np.asarray(state.ld), np.asarray(state.L))
-    return VParams(state.mu, state.ld, state.L)
+        return VParams(*(np.asarray(a, dtype=np.float64) for a in (state.mu, state.ld, state.L)))
+    return VParams(*(a.astype(jnp.float64) for a in (state.mu, state.ld, state.L)))
