@@ -33,7 +33,7 @@ def add_bench_parser(sub) -> None:
                         "SGD paths, the mixture family on stan_models/bimodal (--seeds runs); "
                         "qsgp: stanvi.gp step time over n and m vs the svi baseline, control-"
                         "variate variance reduction, accuracy on simulated sets (--models among "
-                        "steps,cv,small,accuracy; --iters: training steps, default 3000)")
+                        "steps,cv,small,accuracy,walltime,rvm; --iters: training steps, default 3000)")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                    help="qsgp: the precision of QSGP's training loop in the step-time grid "
                         "(default float64)")
@@ -198,10 +198,10 @@ def run_bench(args: argparse.Namespace) -> int:
         from stanvi.gp import bench as gp_bench  # noqa: PLC0415
 
         parts = args.models.split(",") if args.models else ["steps", "cv", "small", "accuracy"]
-        unknown = sorted(set(parts) - {"steps", "cv", "small", "accuracy"})
+        unknown = sorted(set(parts) - {"steps", "cv", "small", "accuracy", "walltime", "rvm"})
         if unknown:
             raise SystemExit(f"stanvi bench qsgp: unknown parts {unknown}; choose from "
-                             "steps,cv,small,accuracy")
+                             "steps,cv,small,accuracy,walltime,rvm")
         gp_bench.run(parts, steps=3000 if args.iters == 5000 else args.iters, output=args.output,
                      dtype=args.dtype)
         return 0

@@ -9,6 +9,8 @@
   like MNIST), QSGP-0 and QSGP-10 against the svi baseline at the same number of steps and an
   exact posterior on fewer features.
 * ``small``: the spec's own small accuracy check (§6.4), against its prototype's figures.
+* ``walltime``: QSGP-0 against svi at step counts that take about the same time (m = 10⁴, 10⁵).
+* ``rvm``: relevance vectors of QSRVM on sinc against full-batch EM / MacKay references.
 * ``cv``: variance of the ELBO estimate and of its gradient with the data-Gram control variate
   for n_bar in {0, 50, 100, 300, 500} (the paper's kin40k study: m = 10⁴ RFF, μ from the
   prior, m~ = n~ = 500, 1000 evaluations each).
@@ -32,7 +34,7 @@ from stanvi.gp import qsgp, svi
 from stanvi.gp.basis import RandomFourierFeatures
 from stanvi.gp.families import Chevron, MeanField
 from stanvi.gp.kernels import SquaredExponential
-from stanvi.gp.model import rff_classification, rff_regression
+from stanvi.gp.model import rff_classification, rff_regression, rvm_regression
 
 D = 4
 
@@ -206,6 +208,83 @@ def bench_small(steps: int = 20_000) -> dict:
     return out
 
 
+WALLTIME_RUNS = ((10_000, "svi", 3000), (10_000, "qsgp", 10_000),
+                 (100_000, "svi", 600), (100_000, "qsgp", 4000), (100_000, "qsgp", 12_000))
+"""(m, method, steps) of the equal-wall-time comparison: step counts chosen from the measured
+step times so that each pair takes about the same time."""
+
+
+def bench_walltime(runs=WALLTIME_RUNS, nt: int = 200, mt: int = 500) -> dict:
+    """The regression set of :func:`bench_accuracy` (n_train = 36,000), QSGP-0 (constant lr
+    0.1, n̄ = 100, θ fixed) against svi at step counts that take about equal time."""
+    n_train = 36_000
+    X, y, f = simulate(n_train + n_train // 9, "gaussian", seed=2)
+    Xte, yte, fte = X[n_train:], y[n_train:], f[n_train:]
+    out = {}
+    for m, method, steps in runs:
+        model = rff_regression(X[:n_train], y[:n_train], m=m, lengthscale=0.5, noise=0.01)
+        if method == "qsgp":
+            res, sec = _fit(model, "qsgp", MeanField(), batch_size=nt, basis_batch_size=mt,
+                            cv_rank=100, num_steps=steps, chunk=max(1, steps // 10), lr=0.1,
+                            lr_decay=1.0, learn_hyperparameters=False)
+        else:
+            res, sec = _fit(model, "svi", None, batch_size=nt, num_steps=steps,
+                            chunk=max(1, steps // 10))
+        met = res.metrics(Xte, yte)
+        met["rmse_f"] = float(np.sqrt(np.mean((res.predict(Xte).mean - fte) ** 2)))
+        met["seconds"] = sec
+        out[f"{m},{method},{steps}"] = met
+        print(f"  m={m:<7} {method:<5} {steps:>6} steps  rmse_f={met['rmse_f']:.3f}  "
+              f"mnlp={met['mnlp']:.3f}  {sec:.0f} s", flush=True)
+    return out
+
+
+def sinc_data(n: int = 500, seed: int = 0):
+    """Tipping's sinc problem: x ~ U[−10, 10], y = sin(x)/x + N(0, 0.1²)."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-10.0, 10.0, (n, 1))
+    return X, np.sinc(X[:, 0] / np.pi) + 0.1 * rng.standard_normal(n)
+
+
+def bench_rvm(steps: int = 40_000, lengthscale: float = 2.0, em_iters=(100, 300, 1000)) -> dict:
+    """Spec §7 test 11: relevance vectors (s_i < 10⁴) of QSRVM on sinc (n = m = 500; the
+    paper's 13), with the paper's settings (Chevron(10), m~ = 250, n~ = 100, n̄ = 250), beside
+    two full-batch references on the exact Gaussian posterior: the EM update
+    s_i <- 1/(μ_i² + Σ_ii) (the fixed point QSGP's gradient ascent in s seeks) and MacKay's
+    s_i <- γ_i/μ_i², γ_i = 1 − s_i Σ_ii (Tipping 2001)."""
+    from stanvi.gp.dispatch import fit_gp  # noqa: PLC0415
+
+    X, y = sinc_data()
+    noise = 0.01
+    model = rvm_regression(X, y, lengthscale=lengthscale, noise=noise)
+    res = fit_gp(model, method="qsgp", family=Chevron(10), batch_size=100,
+                 basis_batch_size=250, cv_rank=250, num_steps=steps, chunk=max(1, steps // 10),
+                 learn_hyperparameters=False)
+    out = {"qsgp": {"steps": steps, "relevance_vectors": int(len(res.relevance_vectors())),
+                    "median_s": float(np.median(np.exp(res.log_s)))}}
+    print(f"  qsgp ({steps} steps): {out['qsgp']['relevance_vectors']} relevance vectors, "
+          f"median s {out['qsgp']['median_s']:.3g}", flush=True)
+    x = X[:, 0]
+    K = np.exp(-(x[:, None] - x[None, :]) ** 2 / (2 * lengthscale**2))
+    KtK, Kty = K.T @ K / noise, K.T @ y / noise
+    for rule in ("em", "mackay"):
+        s = np.ones(len(x))
+        counts = {}
+        for it in range(1, max(em_iters) + 1):
+            Sig = np.linalg.inv(np.diag(s) + KtK)
+            mu = Sig @ Kty
+            if rule == "em":
+                s = 1.0 / (mu**2 + np.diag(Sig))
+            else:
+                s = np.minimum((1.0 - s * np.diag(Sig)) / np.maximum(mu**2, 1e-300), 1e12)
+            if it in em_iters:
+                counts[it] = int(np.sum(s < 1e4))
+        out[rule] = counts
+        print(f"  exact posterior, {rule} update: relevance vectors after "
+              + ", ".join(f"{k} iterations: {v}" for k, v in counts.items()), flush=True)
+    return out
+
+
 # ------------------------------------------------------------------ control variate
 
 def bench_cv(n: int = 40_000, m: int = 10_000, nt: int = 500, mt: int = 500,
@@ -275,6 +354,12 @@ def run(parts=("steps", "accuracy", "cv", "small"), *, steps: int = 3000, output
         print("the spec's small accuracy check (§6.4: n = 5000, m = 500, d = 2, m~ = n~ = 100, "
               "2·10⁴ steps at lr 0.1)")
         out["small"] = bench_small()
+    if "walltime" in parts:
+        print("equal wall time (regression, n_train = 36,000; QSGP-0 vs svi)")
+        out["walltime"] = bench_walltime()
+    if "rvm" in parts:
+        print("QSRVM on sinc (n = m = 500; the paper: 13 relevance vectors)")
+        out["rvm"] = bench_rvm()
     if "accuracy" in parts:
         print(f"accuracy (simulated, spec §6.4; m = 10⁴, {steps} steps, n~ = 200, m~ = 500)")
         out["accuracy"] = bench_accuracy(steps=steps)
