@@ -89,6 +89,25 @@ def test_report_tables(runs):
         assert (out / img).stat().st_size > 5000
 
 
+def test_report_of_one_family(runs, tmp_path):
+    """``family=`` keeps that family's fits and those of family-free methods (Pathfinder): a
+    full-rank fit in the same runs directory stays out of the mean-field report and is the only
+    stanvi fit of the full-rank one."""
+    store = RunStore(runs)
+    full = record("m1", "trustvi", 0, -9.0, [0, 5, 10], [0, 10, 20], [-100, -20, -9.0])
+    store.put("fit", "m1-t-0-full", {**full, "family": "fullrank"})
+    path = record("m1", "pathfinder", 0, -9.5, [0], [0], [-9.5])
+    store.put("fit", "m1-p-0", {**path, "family": "none", "trace_points": None})
+    mean_out = write_report(runs, tmp_path / "mf", family="meanfield").parent
+    configs = {r["config"] for r in rows(mean_out / "models.csv")}
+    assert "trustvi:default:fullrank" not in configs and "pathfinder:default:none" in configs
+    assert len(rows(mean_out / "fits.csv")) == 19
+    full_out = write_report(runs, tmp_path / "fr", family="fullrank").parent
+    fits = rows(full_out / "fits.csv")
+    assert sorted(r["family"] for r in fits) == ["fullrank", "none"]
+    assert len(rows(write_report(runs, tmp_path / "all").parent / "fits.csv")) == 20
+
+
 def _chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
         path = shutil.which(name)

@@ -7,7 +7,7 @@
 SOURCE is a stan-dev/example-models or stan-dev/posteriordb checkout (told apart by posteriordb's
 ``posteriors/`` directory).  The same command again resumes: finished tasks are skipped.
 
-    stanvi report RUNS_DIR [--out DIR]
+    stanvi report RUNS_DIR [--out DIR] [--family FAMILY]
 
 writes the batch's HTML page, CSV tables and plots (:mod:`stanvi.batch.report`).
 """
@@ -147,7 +147,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     runs = Path(args.runs_dir).expanduser()
     if not (runs / "records").is_dir():
         raise FileNotFoundError(f"{runs} is not a runs directory of stanvi batch (no records/ in it)")
-    index = write_report(runs, args.out)
+    index = write_report(runs, args.out, family=args.family)
     print(f"stanvi report: {index}")
     return 0
 
@@ -157,4 +157,7 @@ def add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="write the HTML report, CSV tables and plots of a batch run")
     p.add_argument("runs_dir", help="the runs directory given to stanvi batch --out")
     p.add_argument("--out", default=None, help="output directory (default RUNS_DIR/report)")
+    p.add_argument("--family", default=None,
+                   help="report only the fits of this variational family (meanfield, fullrank, "
+                        "...) and those of methods without one (Pathfinder, NUTS)")
     p.set_defaults(func=_cmd_report)

@@ -163,13 +163,18 @@ def _table(rows: list[dict], columns, *, limit: int | None = None, cls: str = ""
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
+def write_report(runs_dir: str | Path, out: str | Path | None = None,
+                 family: str | None = None) -> Path:
     """Write the report of ``runs_dir`` to ``out`` (default ``runs_dir/report``); returns the
-    path of ``index.html``."""
+    path of ``index.html``.  With ``family`` (``"meanfield"``, ``"fullrank"``, ...) only the fits
+    of that variational family enter the report, beside those of methods that have no family
+    (family ``"none"``: Pathfinder, NUTS), so one runs directory can hold a mean-field and a
+    full-rank batch and give a report of each."""
     store = RunStore(runs_dir)
     out = Path(out) if out is not None else Path(runs_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    fits = list(store.records("fit"))
+    fits = [r for r in store.records("fit")
+            if family is None or r.get("family") in (family, "none")]
     compiles = list(store.records("compile"))
     dims = {c["model"]: c.get("dim") for c in compiles if c.get("dim") is not None}
     grouped = group_runs(fits)
