@@ -237,18 +237,17 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
         logs, G_logs = state.logs, state.G_logs
         if rvm:
             logs, G_logs, _ = adagrad_sparse(state.logs, state.G_logs, W, sl.logs, g_sl.logs, lr)
+        # Prop 3: a <- a + P[:, U](u_U_new − u_U_old) after the step (A6), for u = μ and the
+        # dense columns of C, P = Φ0[p] (data-Gram CV) and P = Ψ (Nyström CV)
+        d_mu = mu_W - sl.mu
+        d_C = (dense_columns(W, L_W, ld_W[batch.pk], k)
+               - dense_columns(W, sl.L, sl.ld[batch.pk], k)) if k else None
         a_mu, A = state.a_mu, state.A
-        if sz.nbar:   # Prop 3: a <- a + Φ0[p, U](μ_U_new − μ_U_old), after the step (A6)
-            a_mu = a_mu + batch.Phi0 @ (mu_W - sl.mu)
-            if k:
-                A = A + batch.Phi0 @ (dense_columns(W, L_W, ld_W[batch.pk], k)
-                                      - dense_columns(W, sl.L, sl.ld[batch.pk], k))
+        if sz.nbar:
+            a_mu, A = _prop3(batch.Phi0, a_mu, A, d_mu, d_C)
         a_nys, A_nys = state.a_nys, state.A_nys
-        if sz.nys:    # the same Prop 3 bookkeeping for ν = Ψ μ (and Ψ C[:, :k])
-            a_nys = a_nys + batch.Psi @ (mu_W - sl.mu)
-            if k:
-                A_nys = A_nys + batch.Psi @ (dense_columns(W, L_W, ld_W[batch.pk], k)
-                                             - dense_columns(W, sl.L, sl.ld[batch.pk], k))
+        if sz.nys:
+            a_nys, A_nys = _prop3(batch.Psi, a_nys, A_nys, d_mu, d_C)
         theta, m1, m2 = state.theta, state.m1, state.m2
         if learn_any:
             lr_th = opts.hyper_lr * gamma ** t.astype(jnp.float64)
@@ -263,6 +262,11 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
         return new, -loss
 
     return step
+
+
+def _prop3(P, a, A, d_mu, d_C):
+    """The incremental update of a = P μ and A = P C[:, :k] by the step's change (Prop 3)."""
+    return a + P @ d_mu, (A if d_C is None else A + P @ d_C)
 
 
 def make_chunk_runner(step, length: int):
