@@ -12,6 +12,7 @@ import pytest
 
 from stanvi.batch.report import write_report
 from stanvi.batch.store import RunStore
+from stanvi.batch.summary import config_of
 
 
 def record(model, method, seed, final, iters, oracle, elbo, status="converged", dim=3, acc=None):
@@ -72,21 +73,35 @@ def test_report_tables(runs):
     t1 = models[("m1", "trustvi:default:meanfield")]
     assert float(t1["median_final_elbo"]) == pytest.approx(-10.0)
     assert float(t1["draws_to_1nat"]) == pytest.approx(200.0)   # the point at 20 oracle calls
-    a1 = models[("m1", "advi:default:meanfield")]
+    a1 = models[("m1", "advi:stan:meanfield")]
     assert float(a1["gap_to_best"]) == pytest.approx(0.8)
     assert float(a1["draws_to_1nat"]) == pytest.approx(12000.0)   # -10.8 >= best - 1 = -11
     assert float(a1["mean_error_sd"]) == pytest.approx(0.3)
-    a2 = models[("m2", "advi:default:meanfield")]
+    a2 = models[("m2", "advi:stan:meanfield")]
     assert a2["ok"] == "0" and "failed: stan::variational: boom" in a2["failures"]
     assert len(rows(out / "fits.csv")) == 18
     compiles = {r["model"]: r for r in rows(out / "compiles.csv")}
     assert compiles["m4"]["status"] == "compile_failed"
     page = index.read_text()
-    for needle in ("trustvi:default:meanfield vs advi:default:meanfield", "m4", "Syntax error",
+    for needle in ("trustvi:default:meanfield vs advi:stan:meanfield", "m4", "Syntax error",
                    "cdf_speedups.png", "accuracy.png", "traces.png"):
         assert needle in page
     for img in ("cdf_speedups.png", "accuracy.png", "traces.png"):
         assert (out / img).stat().st_size > 5000
+
+
+def test_a_record_without_a_profile_is_labelled_with_the_profile_that_ran():
+    """``--methods hfsgvi`` runs HFSGVI's default profile, ``paper``: the report must not call it
+    ``hfsgvi:default``, which is HFSGVI's other profile (64/32 draws and a convergence test)."""
+    label = lambda method, profile=None, family="meanfield": config_of(  # noqa: E731
+        {"method": method, "profile": profile, "family": family})
+    assert label("hfsgvi") == "hfsgvi:paper:meanfield"
+    assert label("hfsgvi", "default") == "hfsgvi:default:meanfield"
+    assert label("advi", family="fullrank") == "advi:stan:fullrank"
+    assert label("trustvi") == "trustvi:default:meanfield"
+    assert label("pathfinder", family="none") == "pathfinder:multi:none"
+    assert label("nuts", family="none") == "nuts:diag:none"
+    assert label("stan-advi") == "stan-advi:default:meanfield"
 
 
 def test_report_of_one_family(runs, tmp_path):
@@ -100,7 +115,7 @@ def test_report_of_one_family(runs, tmp_path):
     store.put("fit", "m1-p-0", {**path, "family": "none", "trace_points": None})
     mean_out = write_report(runs, tmp_path / "mf", family="meanfield").parent
     configs = {r["config"] for r in rows(mean_out / "models.csv")}
-    assert "trustvi:default:fullrank" not in configs and "pathfinder:default:none" in configs
+    assert "trustvi:default:fullrank" not in configs and "pathfinder:multi:none" in configs
     assert len(rows(mean_out / "fits.csv")) == 19
     full_out = write_report(runs, tmp_path / "fr", family="fullrank").parent
     fits = rows(full_out / "fits.csv")

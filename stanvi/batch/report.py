@@ -28,7 +28,7 @@ import numpy as np
 
 from stanvi.batch.store import RunStore
 from stanvi.batch.summary import (as_run, config_of, group_runs, model_rows, pair_summary,
-                                  protocol_pairs)
+                                  profile_of, protocol_pairs)
 
 __all__ = ["write_report"]
 
@@ -40,7 +40,7 @@ FIT_COLUMNS = ("model", "source", "method", "profile", "family", "seed", "status
 def _fit_row(r: dict) -> dict[str, Any]:
     acc = (r.get("accuracy") or {}).get("constrained") or {}
     row = {k: r.get(k) for k in FIT_COLUMNS}
-    row.update(profile=r.get("profile") or "default", mean_error_sd=acc.get("mean_error_sd_median"),
+    row.update(profile=profile_of(r), mean_error_sd=acc.get("mean_error_sd_median"),
                w1_sd=acc.get("w1_sd_median"), message=(r.get("message") or "")[:300])
     return row
 

@@ -26,11 +26,29 @@ import numpy as np
 from stanvi.batch.runner import OK_STATUSES as OK  # a method's normal outcomes
 from stanvi.bench.protocol import RunSummary, first_consistent, median_run, protocol_pair
 
-__all__ = ["config_of", "group_runs", "model_rows", "protocol_pairs", "pair_summary"]
+__all__ = ["config_of", "profile_of", "group_runs", "model_rows", "protocol_pairs", "pair_summary"]
+
+
+def profile_of(record: dict) -> str:
+    """The profile the record's fit ran with.  A batch that names none (``--methods hfsgvi``)
+    runs the method's ``DEFAULT_PROFILE`` (HFSGVI's is ``paper``, ADVI's ``stan``; Pathfinder's
+    is ``multi``, NUTS's ``diag``), so that is the label: a generic "default" would read as the
+    method's profile of that name, which is another set of options."""
+    if record.get("profile"):
+        return str(record["profile"])
+    from stanvi.batch.reference_job import PROFILES  # noqa: PLC0415
+    from stanvi.methods import METHODS  # noqa: PLC0415
+
+    method = record.get("method")
+    if method in METHODS:
+        return str(METHODS[method].DEFAULT_PROFILE)
+    named = [p for p in PROFILES.get(method, ()) if p]
+    return named[0] if named else "default"
 
 
 def config_of(record: dict) -> str:
-    return f"{record['method']}:{record.get('profile') or 'default'}:{record.get('family', 'meanfield')}"
+    """``method:profile:family``, the configuration a report groups runs by."""
+    return f"{record['method']}:{profile_of(record)}:{record.get('family', 'meanfield')}"
 
 
 def _finite_or(value, default=-math.inf) -> float:
