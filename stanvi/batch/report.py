@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from stanvi.batch.reference_job import NO_FAMILY
 from stanvi.batch.store import RunStore
 from stanvi.batch.summary import (as_run, config_of, group_runs, model_rows, pair_summary,
                                   profile_of, protocol_pairs)
@@ -174,7 +175,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
     out = Path(out) if out is not None else Path(runs_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     fits = [r for r in store.records("fit")
-            if family is None or r.get("family") in (family, "none")]
+            if family is None or r.get("family") in (family, NO_FAMILY)]
     compiles = list(store.records("compile"))
     dims = {c["model"]: c.get("dim") for c in compiles if c.get("dim") is not None}
     grouped = group_runs(fits)
