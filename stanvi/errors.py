@@ -73,6 +73,26 @@ class NotConvergedError(VIError):
         self.fit = fit
 
 
+class DivergedError(VIError):
+    """The method ended with non-finite variational parameters (its steps diverged), so there is
+    no approximation to draw from: ``stanvi.fit`` raises this instead of returning a fit.
+
+    The run itself ended ``failed`` (a property of the model and method, like a fit that stops
+    short), not with a broken call: ``stanvi batch`` records it with status ``failed``.
+
+    Attributes:
+        method: the method that diverged.
+        status: the status the method reported (normally ``'failed'``).
+        method_message: the method's own message (why its steps diverged).
+    """
+
+    def __init__(self, method: str, status: str, method_message: str) -> None:
+        super().__init__(f"{method} returned non-finite parameters ({status}: {method_message})")
+        self.method = method
+        self.status = status
+        self.method_message = method_message
+
+
 class StanviWarning(UserWarning):
     """Base class of the warnings stanvi issues (filter them with
     ``warnings.filterwarnings("ignore", category=stanvi.StanviWarning)``)."""

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from stanvi.errors import NotConvergedError, NotConvergedWarning, VIError
+from stanvi.errors import DivergedError, NotConvergedError, NotConvergedWarning, VIError
 from stanvi.estimators.base import estimator_for
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.families import make_family
@@ -551,7 +551,7 @@ def make_fit(target: Target, family, result: MethodResult, *, method: str, profi
              estimator: ElboEstimator) -> Fit:
     """Draw from the final approximation and assemble the :class:`Fit`."""
     if not np.all(np.isfinite(result.params)):
-        raise VIError(f"{method} returned non-finite parameters ({result.status}: {result.message})")
+        raise DivergedError(method, result.status, str(result.message or ""))
     eps = standard_normal(purpose_key(key, 0, "output"), n_draws, family.dim)
     z, log_p, log_q = estimator.log_p_and_q(result.params, eps)
     gq_note: dict = {}

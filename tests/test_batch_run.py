@@ -137,6 +137,11 @@ def test_failures_are_records_with_reasons(example_tree, tmp_path):
     rec = fit_task(FitSpec("a/normal", "advi", options={"no_such_option": 1}),
                    cases["a/normal"], records["a/normal"], runs)
     assert rec["status"] == "error" and "no_such_option" in rec["message"]
+    # steps that overflow leave no q to draw from: a failed fit with the reason, not an error
+    rec = fit_task(FitSpec("a/normal", "advi", options={"eta": 1e308, "adapt_engaged": False}),
+                   cases["a/normal"], records["a/normal"], runs)
+    assert rec["status"] == "failed" and "DivergedError" in rec["message"]
+    assert "steps diverged" in rec["message"]
 
 
 _BATCH_SCRIPT = """

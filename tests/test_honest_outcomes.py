@@ -363,6 +363,22 @@ def test_advi_runaway_is_blamed_on_the_steps_unless_the_probe_finds_an_improper_
     assert "coordinate 2" in msg and "may be improper" in msg
 
 
+def test_advi_steps_that_overflow_raise_diverged_error_with_the_methods_status():
+    """eta = 1e308 takes q's mean past float64 in two steps: there is no q to draw from, so
+    ``stanvi.fit`` raises DivergedError (a VIError) carrying the method's 'failed' and its reason,
+    which ``stanvi batch`` records as a failed fit, not as an error of the call."""
+    from stanvi.targets import JaxTarget
+
+    target = JaxTarget(lambda z: -jnp.sum((z - 1.0) ** 2), 1)   # N(1, 1/2)
+    with pytest.raises(stanvi.DivergedError) as caught:
+        stanvi.fit(target, method="advi", eta=1e308, adapt_engaged=False, seed=1, progress=False)
+    err = caught.value
+    assert isinstance(err, stanvi.VIError) and err.method == "advi" and err.status == "failed"
+    assert err.method_message.startswith("ADVI's steps diverged: the variational parameters "
+                                         "became non-finite")
+    assert "eta = 1e+308" in str(err)
+
+
 # ------------------------------------------------------------------------------ issue 13 item 10
 
 @pytest.mark.parametrize("method", ["trustvi", "advi"])

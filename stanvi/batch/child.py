@@ -146,6 +146,7 @@ def fit_job(job: dict) -> dict[str, Any]:
                                        read_reference_npz)
     from stanvi.batch.discover import load_data  # noqa: PLC0415
     from stanvi.batch.reference_job import REFERENCE_METHODS, reference_fit_job  # noqa: PLC0415
+    from stanvi.errors import DivergedError  # noqa: PLC0415
     from stanvi.fit import fit  # noqa: PLC0415
 
     data = load_data(_case(job))
@@ -159,6 +160,8 @@ def fit_job(job: dict) -> dict[str, Any]:
         result = fit(job["library"], data=data, method=job["method"], family=job["family"],
                      seed=int(job["seed"]), profile=job.get("profile"), progress=False,
                      draws=int(job.get("draws", 2000)), **options)
+    except DivergedError as exc:  # the method's steps diverged: a failed fit, not a broken call
+        return {"status": "failed", "message": _first_lines(exc)}
     except Exception as exc:  # noqa: BLE001 — stanvi's own errors name what is wrong
         return {"status": "error", "message": _first_lines(exc)}
     elbo, elbo_se = result.elbo(ELBO_DRAWS)
