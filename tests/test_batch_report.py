@@ -90,6 +90,51 @@ def test_report_tables(runs):
         assert (out / img).stat().st_size > 5000
 
 
+def test_no_accuracy_plot_without_reference_draws(runs, tmp_path):
+    """example-models has no reference draws: the page says so instead of an empty scatter, and
+    a report rewritten into a directory that had one does not keep the stale figure."""
+    out = write_report(runs, tmp_path / "rep").parent
+    assert (out / "accuracy.png").is_file()
+    store = RunStore(runs)
+    for path in (runs / "records" / "fit").glob("*.json"):   # the fixture's keys are file-safe
+        rec = store.get("fit", path.stem)
+        rec.pop("accuracy", None)
+        store.put("fit", path.stem, rec)
+    page = write_report(runs, out).read_text()
+    assert not (out / "accuracy.png").exists() and "accuracy.png" not in page
+    assert "No accuracy plot: none of these fits has reference draws" in page
+    assert (out / "traces.png").is_file() and (out / "cdf_speedups.png").is_file()
+
+
+def test_trace_panels_give_a_configuration_one_colour_and_one_legend(runs):
+    """With no ADVI records on m2 (as when every ADVI run errored before a trace), TrustVI must
+    keep on m2 the colour it has on m1, and the figure's one legend names both configurations."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from stanvi.batch.report import trace_figure  # noqa: PLC0415
+    from stanvi.batch.summary import group_runs  # noqa: PLC0415
+
+    grouped = group_runs(RunStore(runs).records("fit"))
+    del grouped["m2"]["advi:stan:meanfield"]
+    fig = trace_figure(plt, grouped, ["m2", "m1"])
+    try:
+        colours = [{line.get_label(): line.get_color() for line in ax.get_lines()}
+                   for ax in fig.axes[:2]]
+        assert set(colours[0]) == {"trustvi:default:meanfield"}
+        assert set(colours[1]) == {"trustvi:default:meanfield", "advi:stan:meanfield"}
+        assert colours[0]["trustvi:default:meanfield"] == colours[1]["trustvi:default:meanfield"]
+        assert colours[1]["advi:stan:meanfield"] != colours[1]["trustvi:default:meanfield"]
+        (legend,) = fig.legends
+        assert sorted(t.get_text() for t in legend.get_texts()) == [
+            "advi:stan:meanfield", "trustvi:default:meanfield"]
+        assert all(ax.get_legend() is None for ax in fig.axes)
+    finally:
+        plt.close(fig)
+
+
 def test_a_record_without_a_profile_is_labelled_with_the_profile_that_ran():
     """``--methods hfsgvi`` runs HFSGVI's default profile, ``paper``: the report must not call it
     ``hfsgvi:default``, which is HFSGVI's other profile (64/32 draws and a convergence test)."""

@@ -48,6 +48,44 @@ def test_model_failing_on_half_of_q_fails_with_the_stan_message(tmp_path, family
     assert 0.2 < fit.info["failing_fraction"] < 0.8
 
 
+def _nan_curvature_target():
+    """log p = −‖z‖²/2 with its gradient exact and every Hessian-vector product NaN (a custom
+    JVP rule on the gradient): q's start is as good as any, but no TrustVI step can be assessed."""
+    from stanvi.targets import JaxTarget
+
+    @jax.custom_jvp
+    def gradient(x):
+        return x
+
+    @gradient.defjvp
+    def _gradient_jvp(primals, tangents):
+        return gradient(primals[0]), jnp.nan * tangents[0]
+
+    @jax.custom_jvp
+    def half_square(x):
+        return 0.5 * x ** 2
+
+    @half_square.defjvp
+    def _half_square_jvp(primals, tangents):
+        return half_square(primals[0]), gradient(primals[0]) * tangents[0]
+
+    return JaxTarget(lambda z: -jnp.sum(half_square(z)), 2)
+
+
+@pytest.mark.parametrize("profile, remedy", [
+    ("paper", "the default profile's Laplace warm start"), ("default", "another init may")])
+def test_trustvi_whose_every_step_fails_is_failed_not_max_iters(profile, remedy):
+    """Before: 'max_iters' ("raise the limit"), as on example-models' roaches and salm under the
+    paper profile, where the Hessian-vector products overflow at q's start."""
+    target = _nan_curvature_target()
+    assert np.allclose(jax.grad(target.jax_log_density)(jnp.ones(2)), -1.0)
+    fit = stanvi.fit(target, method="trustvi", profile=profile, seed=0, progress=False, draws=10)
+    assert fit.status == "failed", fit.message
+    assert fit.message.startswith("no step was ever accepted: every proposed step was rejected")
+    assert remedy in fit.message and fit.info["accepted"] == 0
+    assert fit.info["rejected_failure"] > 0
+
+
 def test_divergence_thresholds():
     mf = MeanField(2)
     assert divergence(mf, np.array([0.0, 0.0, 1.0, 2.0])) is None

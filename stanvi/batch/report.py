@@ -11,8 +11,9 @@ Written to ``OUT`` (default ``RUNS_DIR/report``):
 * ``compiles.csv``: one row per model: compile status and reason, dimension;
 * ``cdf_speedups.png`` (the CDF of oracle-call ratios, the paper's Figure 4 style, with its
   headline marks at 12× and 36×), ``accuracy.png`` (standardized mean error against W1/sd per
-  model and configuration), ``traces.png`` (ELBO against oracle calls of each configuration's
-  median run, for the models where the configurations differ most);
+  model and configuration; only when some fit has reference draws), ``traces.png`` (ELBO
+  against oracle calls of each configuration's median run, for the models where the
+  configurations differ most: :func:`trace_figure`);
 * ``index.html`` showing all of it.
 """
 
@@ -93,6 +94,25 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
                       "fraction of models with ratio ≤ x",
                       "Speed-ups (paper: ≥12× on 50%, ≥36× on 25% vs ADVI)"))
 
+    if any(r["mean_error_sd"] is not None and r["w1_sd"] is not None for r in rows):
+        made.append(_accuracy_plot(plt, out, rows))
+    else:   # nothing to plot: no stale figure from an earlier report in the same directory
+        (out / "accuracy.png").unlink(missing_ok=True)
+
+    spread = {}
+    for r in rows:
+        if r["gap_to_best"] is not None:
+            spread[r["model"]] = max(spread.get(r["model"], 0.0), r["gap_to_best"])
+    chosen = sorted(spread, key=lambda m: -spread[m])[:6]
+    if chosen:
+        fig = trace_figure(plt, grouped, chosen)
+        fig.savefig(out / "traces.png", dpi=100)
+        plt.close(fig)
+        made.append("traces.png")
+    return made
+
+
+def _accuracy_plot(plt, out: Path, rows) -> str:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     cap = ACCURACY_CAP
     for cfg in sorted({r["config"] for r in rows}):
@@ -110,44 +130,48 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
     ax.set_yscale("symlog", linthresh=0.01)
     ax.set_xlim(0, cap * 1.5)
     ax.set_ylim(0, cap * 1.5)
-    made.append(_save(plt, fig, ax, out / "accuracy.png",
-                      "median standardized mean error |mean − ref| / sd_ref", "median W1 / sd_ref",
-                      f"Accuracy against reference draws (constrained space), per model\n"
-                      f"(runs with a normal outcome; ▲ = beyond {cap:g}, drawn at {cap:g})"))
+    return _save(plt, fig, ax, out / "accuracy.png",
+                 "median standardized mean error |mean − ref| / sd_ref", "median W1 / sd_ref",
+                 f"Accuracy against reference draws (constrained space), per model\n"
+                 f"(runs with a normal outcome; ▲ = beyond {cap:g}, drawn at {cap:g})")
 
-    spread = {}
-    for r in rows:
-        if r["gap_to_best"] is not None:
-            spread[r["model"]] = max(spread.get(r["model"], 0.0), r["gap_to_best"])
-    chosen = sorted(spread, key=lambda m: -spread[m])[:6]
-    if chosen:
-        fig, axes = plt.subplots(2, 3, figsize=(11, 6.5), squeeze=False)
-        from stanvi.bench.protocol import median_run  # noqa: PLC0415
 
-        for ax, model in zip(axes.flat, chosen):
-            best = -math.inf
-            for cfg, recs in sorted(grouped[model].items()):
-                med = median_run([as_run(r) for r in recs])
-                if med.trace_elbo.size and np.any(np.isfinite(med.trace_elbo)):
-                    ax.plot(np.maximum(med.trace_oracle, 1e-1), med.trace_elbo, marker=".",
-                            ms=3, lw=1, label=cfg)
-                    best = max(best, np.nanmax(np.where(np.isfinite(med.trace_elbo),
-                                                        med.trace_elbo, -np.inf)))
-            if math.isfinite(best):
-                ax.set_ylim(best - 50, best + 5)
-            ax.set_xscale("log")
-            ax.set_title(model, fontsize=8)
-            ax.set_xlabel("oracle calls", fontsize=7)
-            ax.set_ylabel("ELBO (2,000 common draws)", fontsize=7)
-            ax.tick_params(labelsize=7)
-        for ax in list(axes.flat)[len(chosen):]:
-            ax.axis("off")
-        axes.flat[0].legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / "traces.png", dpi=100)
-        plt.close(fig)
-        made.append("traces.png")
-    return made
+def trace_figure(plt, grouped, chosen: list[str]):
+    """ELBO against oracle calls of each configuration's median run, one panel per model in
+    ``chosen``; a configuration has the same colour in every panel, and one legend (above the
+    panels) names every configuration drawn, so a panel where a configuration failed (and has no
+    line) does not shift the others' colours."""
+    from stanvi.bench.protocol import median_run  # noqa: PLC0415
+
+    configs = sorted({cfg for model in chosen for cfg in grouped[model]})
+    palette = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
+    colour = {cfg: palette(i % palette.N) for i, cfg in enumerate(configs)}
+    fig, axes = plt.subplots(2, 3, figsize=(11, 7), squeeze=False)
+    drawn: dict[str, Any] = {}
+    for ax, model in zip(axes.flat, chosen):
+        best = -math.inf
+        for cfg, recs in sorted(grouped[model].items()):
+            med = median_run([as_run(r) for r in recs])
+            if med.trace_elbo.size and np.any(np.isfinite(med.trace_elbo)):
+                (line,) = ax.plot(np.maximum(med.trace_oracle, 1e-1), med.trace_elbo,
+                                  marker=".", ms=3, lw=1, color=colour[cfg], label=cfg)
+                drawn.setdefault(cfg, line)
+                best = max(best, np.nanmax(np.where(np.isfinite(med.trace_elbo),
+                                                    med.trace_elbo, -np.inf)))
+        if math.isfinite(best):
+            ax.set_ylim(best - 50, best + 5)
+        ax.set_xscale("log")
+        ax.set_title(model, fontsize=8)
+        ax.set_xlabel("oracle calls", fontsize=7)
+        ax.set_ylabel("ELBO (2,000 common draws)", fontsize=7)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(chosen):]:
+        ax.axis("off")
+    if drawn:
+        fig.legend(list(drawn.values()), list(drawn), loc="upper center",
+                   ncol=min(len(drawn), 4), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return fig
 
 
 def _table(rows: list[dict], columns, *, limit: int | None = None, cls: str = "") -> str:
@@ -232,6 +256,9 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
                            "baseline_better", "kept", "faster", "ge_12x", "ge_36x",
                            "median_ratio"], cls="protocol"),
         *(f"<img src='{img}' alt='{img}'>" for img in images),
+        "" if "accuracy.png" in images else
+        "<p>No accuracy plot: none of these fits has reference draws (posteriordb's posteriors "
+        "with a reference posterior have them; example-models has none).</p>",
         "<h2>Per model</h2>", _table(rows, model_cols, cls="models"),
         "<h2>Models that did not compile or load</h2>",
         _table([c for c in compiles if c.get("status") != "ok"], ccols, cls="compiles"),

@@ -150,9 +150,11 @@ def support_failure_message(fraction: float, message: str, *, accepted: int | No
 def honest_outcome(target, family, params, key, status: str, message: str, counts: dict,
                    info: dict, ledger) -> tuple[str, str]:
     """A trust-region method's final (status, message), made honest (issue P2-1c):
-    ``failed`` with the reason when q ran away (an improper posterior) or when a run that
+    ``failed`` with the reason when q ran away (an improper posterior), when a run that
     did not converge — or never accepted a step — ended with the model failing on ≥ 1% of q's
-    draws (1,024 draws, one batched call; the fraction goes to ``info``)."""
+    draws (1,024 draws, one batched call; the fraction goes to ``info``), or when no step was
+    ever accepted and every rejection was a failure (non-finite Hessian-vector products, step or
+    ELBO change: q never left its start); ``max_iters`` when no step was accepted otherwise."""
     if status == "failed" and message.startswith("diverged"):
         return status, message
     runaway = divergence(family, params)
@@ -168,6 +170,15 @@ def honest_outcome(target, family, params, key, status: str, message: str, count
         return "failed", (support_failure_message(fraction, model_message,
                                                   accepted=counts["accepted"])
                           + f" [TrustVI: {message}]")
+    if never_moved and counts["rejected_lambda"] == 0 and counts["rejected_change"] == 0:
+        # every rejection was a failure: more iterations would not help ('max_iters' would say
+        # "raise the limit"); roaches and salm from example-models under the paper profile
+        remedy = ("another init may avoid it" if "warm_start" in info else
+                  "another init, or the default profile's Laplace warm start, may avoid it")
+        return "failed", (f"no step was ever accepted: every proposed step was rejected because "
+                          f"a Hessian-vector product, the step or its ELBO change was not finite, "
+                          f"so q is still its starting point (the model's curvature is not "
+                          f"finite there; {remedy}) [TrustVI: {message}]")
     if never_moved and status == "converged" and "refined:" not in message:
         # (a stop the refinement certified stands: the warm start may already sit at the optimum)
         return "max_iters", f"no step was ever accepted ({message})"
