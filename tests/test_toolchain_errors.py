@@ -300,6 +300,26 @@ def test_missing_library(tmp_path):
         stanvi.load(tmp_path / "libmissing.so")
 
 
+def test_library_without_stanvis_entry_points_is_named(tmp_path):
+    """A library built by an older stanvi bridge (an example-models run's cache, loaded by
+    path) lacked ``stanvi_multi_gradient``: a ctypes AttributeError before, a ToolchainError
+    naming the missing entry points and the remedy now."""
+    import subprocess  # noqa: PLC0415
+
+    from stanvi.stan.library import BatchedLibrary  # noqa: PLC0415
+
+    source = tmp_path / "other.cpp"
+    source.write_text('extern "C" int stanvi_hvp_is_exact() { return 1; }\n')
+    lib = tmp_path / "libother.so"
+    subprocess.run([toolchain.find_toolchain().cxx, "-shared", "-fPIC", "-o", str(lib),
+                    str(source)], check=True)
+    with pytest.raises(stanvi.ToolchainError, match="lacks stanvi's entry point") as caught:
+        BatchedLibrary(lib)
+    text = str(caught.value)
+    assert "stanvi_batch_log_density" in text and "stanvi_multi_gradient" in text
+    assert "stanvi_hvp_is_exact" not in text and "recompile the model" in text
+
+
 # ---------------------------------------------------------------- no compiler
 @pytest.fixture
 def fresh_toolchain_lookup(monkeypatch, all_compiled):

@@ -75,6 +75,17 @@ class BatchedLibrary:
 
             raise ToolchainError(f"cannot load the model library {self.path}: {exc}; delete it "
                                  "(or its cache directory) to rebuild") from None
+        missing = [name for name in (*_SIGNATURES, "stanvi_hvp_is_exact")
+                   if not hasattr(self._lib, name)]
+        if missing:
+            from stanvi.errors import ToolchainError  # noqa: PLC0415
+
+            raise ToolchainError(
+                f"the model library {self.path} lacks stanvi's entry point(s) "
+                f"{', '.join(missing)}: it was built by another version of stanvi's bridge (or "
+                f"is not a stanvi model library); recompile the model with this stanvi "
+                f"(stanvi.compile / stanvi fit MODEL.stan), or delete the library's cache "
+                f"directory to rebuild it")
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(self._lib, name)
             fn.argtypes = argtypes
