@@ -135,6 +135,23 @@ def test_trace_panels_give_a_configuration_one_colour_and_one_legend(runs):
         plt.close(fig)
 
 
+def test_trace_panels_show_the_speed_ups_first_then_the_readable_gaps(runs):
+    """m1's kept pair (ratio 60) comes first; m3 and m2 fill by ELBO gap (2 nats, then 0); a
+    model whose gap is a run stuck at −1e300 is never chosen (its panel would flatten)."""
+    from stanvi.batch.report import trace_models  # noqa: PLC0415
+    from stanvi.batch.summary import group_runs, model_rows, protocol_pairs  # noqa: PLC0415
+
+    grouped = group_runs(RunStore(runs).records("fit"))
+    rows = model_rows(grouped, {})
+    pairs = {"t vs a": protocol_pairs(grouped, "trustvi:default:meanfield",
+                                      "advi:stan:meanfield")}
+    assert trace_models(rows, pairs) == ["m1", "m3", "m2"]
+    stuck = [{"model": "m9", "gap_to_best": 6e303}]
+    assert trace_models(rows + stuck, pairs, n=2) == ["m1", "m3"]
+    assert "m9" not in trace_models(rows + stuck, pairs)
+    assert trace_models(rows, {}, n=1) == ["m3"]
+
+
 def test_a_record_without_a_profile_is_labelled_with_the_profile_that_ran():
     """``--methods hfsgvi`` runs HFSGVI's default profile, ``paper``: the report must not call it
     ``hfsgvi:default``, which is HFSGVI's other profile (64/32 draws and a convergence test)."""

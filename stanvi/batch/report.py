@@ -12,8 +12,8 @@ Written to ``OUT`` (default ``RUNS_DIR/report``):
 * ``cdf_speedups.png`` (the CDF of oracle-call ratios, the paper's Figure 4 style, with its
   headline marks at 12× and 36×), ``accuracy.png`` (standardized mean error against W1/sd per
   model and configuration; only when some fit has reference draws), ``traces.png`` (ELBO
-  against oracle calls of each configuration's median run, for the models where the
-  configurations differ most: :func:`trace_figure`);
+  against oracle calls of each configuration's median run, for the models with the largest
+  speed-ups and ELBO gaps: :func:`trace_models`, :func:`trace_figure`);
 * ``index.html`` showing all of it.
 """
 
@@ -99,11 +99,7 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
     else:   # nothing to plot: no stale figure from an earlier report in the same directory
         (out / "accuracy.png").unlink(missing_ok=True)
 
-    spread = {}
-    for r in rows:
-        if r["gap_to_best"] is not None:
-            spread[r["model"]] = max(spread.get(r["model"], 0.0), r["gap_to_best"])
-    chosen = sorted(spread, key=lambda m: -spread[m])[:6]
+    chosen = trace_models(rows, pairs_by_name)
     if chosen:
         fig = trace_figure(plt, grouped, chosen)
         fig.savefig(out / "traces.png", dpi=100)
@@ -136,6 +132,30 @@ def _accuracy_plot(plt, out: Path, rows) -> str:
                  f"(runs with a normal outcome; ▲ = beyond {cap:g}, drawn at {cap:g})")
 
 
+# ELBO gaps beyond this many nats (a run that never left a start at −1e300) would flatten every
+# other line of a panel: such models are not chosen for the trace panels to fill them
+MAX_PANEL_GAP = 1e4
+
+
+def trace_models(rows: list[dict], pairs_by_name: dict[str, list[dict]], n: int = 6) -> list[str]:
+    """The models of the trace panels: first those with the largest oracle-call ratio over the
+    protocol's kept pairs (the speed-ups the paper's figures show, every configuration reaching
+    the threshold), then, to fill ``n`` panels, those where the configurations' median final
+    ELBOs differ most (gaps up to ``MAX_PANEL_GAP`` nats)."""
+    speed: dict[str, float] = {}
+    for pairs in pairs_by_name.values():
+        for p in pairs:
+            if p.get("quality") and not p["excluded"] and math.isfinite(p["ratio"]):
+                speed[p["model"]] = max(speed.get(p["model"], 0.0), float(p["ratio"]))
+    chosen = sorted(speed, key=lambda m: (-speed[m], m))[:n]
+    spread: dict[str, float] = {}
+    for r in rows:
+        if r["gap_to_best"] is not None and r["model"] not in speed:
+            spread[r["model"]] = max(spread.get(r["model"], 0.0), r["gap_to_best"])
+    fill = [m for m in sorted(spread, key=lambda m: (-spread[m], m)) if spread[m] <= MAX_PANEL_GAP]
+    return chosen + fill[:n - len(chosen)]
+
+
 def trace_figure(plt, grouped, chosen: list[str]):
     """ELBO against oracle calls of each configuration's median run, one panel per model in
     ``chosen``; a configuration has the same colour in every panel, and one legend (above the
@@ -150,16 +170,20 @@ def trace_figure(plt, grouped, chosen: list[str]):
     drawn: dict[str, Any] = {}
     for ax, model in zip(axes.flat, chosen):
         best = -math.inf
+        finals = []
         for cfg, recs in sorted(grouped[model].items()):
             med = median_run([as_run(r) for r in recs])
+            if math.isfinite(med.final_elbo):
+                finals.append(med.final_elbo)
             if med.trace_elbo.size and np.any(np.isfinite(med.trace_elbo)):
                 (line,) = ax.plot(np.maximum(med.trace_oracle, 1e-1), med.trace_elbo,
                                   marker=".", ms=3, lw=1, color=colour[cfg], label=cfg)
                 drawn.setdefault(cfg, line)
                 best = max(best, np.nanmax(np.where(np.isfinite(med.trace_elbo),
                                                     med.trace_elbo, -np.inf)))
-        if math.isfinite(best):
-            ax.set_ylim(best - 50, best + 5)
+        if math.isfinite(best):   # every final ELBO in view, at least 50 nats below the best
+            worst = min((f for f in finals if f > best - MAX_PANEL_GAP), default=best)
+            ax.set_ylim(min(best - 50, worst - 0.1 * (best - worst)), best + 5)
         ax.set_xscale("log")
         ax.set_title(model, fontsize=8)
         ax.set_xlabel("oracle calls", fontsize=7)
