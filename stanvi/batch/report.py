@@ -280,9 +280,9 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
                            "baseline_better", "kept", "faster", "ge_12x", "ge_36x",
                            "median_ratio"], cls="protocol"),
         *(f"<img src='{img}' alt='{img}'>" for img in images),
-        "" if "accuracy.png" in images else
-        "<p>No accuracy plot: none of these fits has reference draws (posteriordb's posteriors "
-        "with a reference posterior have them; example-models has none).</p>",
+        *(() if "accuracy.png" in images else (
+            "<p>No accuracy plot: none of these fits has reference draws (posteriordb's "
+            "posteriors with a reference posterior have them; example-models has none).</p>",)),
         "<h2>Per model</h2>", _table(rows, model_cols, cls="models"),
         "<h2>Models that did not compile or load</h2>",
         _table([c for c in compiles if c.get("status") != "ok"], ccols, cls="compiles"),
