@@ -3,6 +3,8 @@ skip reasons, the filters, and loading the data (a fake tree in the repository's
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from stanvi.batch.discover import discover_example_models, load_data, program_blocks
@@ -58,10 +60,39 @@ def test_filters(tree):
         "ARM/Ch.3/json_model", "ARM/Ch.3/rdump_model"]
     assert [c.name for c in discover_example_models(tree, names=["bugs/plain_r"])] == [
         "bugs/plain_r"]
+    assert [c.name for c in discover_example_models(tree, glob="ARM/*,misc/no*")] == [
+        "ARM/Ch.3/json_model", "ARM/Ch.3/rdump_model", "misc/no_data_needed"]
+    assert [c.name for c in discover_example_models(tree, exclude="ARM/*, misc/*")] == [
+        "bugs/na_model", "bugs/no_data_file", "bugs/plain_r"]
+    assert [c.name for c in discover_example_models(tree, glob="bugs/*", exclude="*_r")] == [
+        "bugs/na_model", "bugs/no_data_file"]
     big = {c.name: c for c in discover_example_models(tree, max_data_bytes=20)}
     assert "bytes (max_data_bytes 20)" in big["ARM/Ch.3/json_model"].skip
     with pytest.raises(FileNotFoundError, match="example-models checkout"):
         discover_example_models(tree / "nope")
+
+
+def test_random_subsets_of_the_runnable_models_and_their_strata(tree):
+    """``--sample N --sample-seed S``: Random(S).sample of the runnable models in name order.
+    The example-models run samples 100 of the 304 runnable models outside knitr/misc/
+    regression_tests and 25 of the 76 inside (``--exclude`` / ``--glob`` with the same
+    patterns): the subset outside is the one drawn from a checkout that lacked them."""
+    import random  # noqa: PLC0415
+
+    from stanvi.batch.cli import cases_from_source  # noqa: PLC0415
+
+    runnable = [c.name for c in discover_example_models(tree) if c.skip is None]
+    for seed in (0, 1, 2):
+        picked = [c.name for c in cases_from_source(tree, sample=3, sample_seed=seed)]
+        assert picked == sorted(random.Random(seed).sample(runnable, 3))
+    assert len(cases_from_source(tree, sample=99)) == len(runnable)     # all of them
+    outside = [c.name for c in cases_from_source(tree, exclude="misc/*", sample=2)]
+    without_misc = tree.parent / "without_misc"
+    shutil.copytree(tree, without_misc, ignore=lambda d, names: ["misc"] if d == str(tree)
+                    else [])
+    assert outside == [c.name for c in cases_from_source(without_misc, sample=2)]
+    inside = [c.name for c in cases_from_source(tree, glob="misc/*", sample=1)]
+    assert inside == ["misc/no_data_needed"]    # the one runnable misc model
 
 
 def test_load_data_reads_both_formats_and_names_na(tree):

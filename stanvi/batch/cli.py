@@ -2,7 +2,8 @@
 
     stanvi batch SOURCE --methods trustvi,trustvi:paper,advi:stan,hfsgvi --seeds 5 \\
         [--family meanfield,fullrank] [--scheduler tcp://host:8786 | --workers N] \\
-        [--timeout S] [--glob PATTERN] [--names A,B] [--max-dim D] --out RUNS_DIR
+        [--timeout S] [--glob P,Q] [--exclude P,Q] [--names A,B] [--max-dim D] \\
+        [--sample N --sample-seed S] --out RUNS_DIR
 
 SOURCE is a stan-dev/example-models or stan-dev/posteriordb checkout (told apart by posteriordb's
 ``posteriors/`` directory).  The same command again resumes: finished tasks are skipped.
@@ -56,9 +57,15 @@ def is_posteriordb(source: Path) -> bool:
     return (source / "posteriors").is_dir() or (source / "posterior_database" / "posteriors").is_dir()
 
 
-def cases_from_source(source: str | Path, *, glob: str | None = None, names: list[str] | None = None,
-                      max_data_bytes: int | None = None, with_reference: bool = False):
-    """The model cases of an example-models or posteriordb checkout."""
+def cases_from_source(source: str | Path, *, glob: str | None = None, exclude: str | None = None,
+                      names: list[str] | None = None, max_data_bytes: int | None = None,
+                      with_reference: bool = False, sample: int | None = None,
+                      sample_seed: int = 0):
+    """The model cases of an example-models or posteriordb checkout, filtered by name
+    (:func:`stanvi.batch.discover.name_selected`); with ``sample``, a random subset of that many
+    runnable cases (``random.Random(sample_seed).sample`` of the runnable cases in name order,
+    returned sorted by name), so the same filters and seed on the same checkout give the same
+    subset."""
     from stanvi.batch.discover import discover_example_models  # noqa: PLC0415
     from stanvi.batch.posteriordb import discover_posteriordb  # noqa: PLC0415
 
@@ -67,9 +74,18 @@ def cases_from_source(source: str | Path, *, glob: str | None = None, names: lis
         raise FileNotFoundError(f"{source} is not a directory (an example-models or posteriordb "
                                 "checkout)")
     if is_posteriordb(source):
-        return discover_posteriordb(source, glob=glob, names=names, with_reference=with_reference,
-                                    max_data_bytes=max_data_bytes)
-    return discover_example_models(source, glob=glob, names=names, max_data_bytes=max_data_bytes)
+        cases = discover_posteriordb(source, glob=glob, exclude=exclude, names=names,
+                                     with_reference=with_reference, max_data_bytes=max_data_bytes)
+    else:
+        cases = discover_example_models(source, glob=glob, exclude=exclude, names=names,
+                                        max_data_bytes=max_data_bytes)
+    if sample is None:
+        return cases
+    import random  # noqa: PLC0415
+
+    runnable = [c for c in cases if c.skip is None]
+    return sorted(random.Random(sample_seed).sample(runnable, min(sample, len(runnable))),
+                  key=lambda c: c.name)
 
 
 def _cmd_batch(args: argparse.Namespace) -> int:
@@ -84,15 +100,10 @@ def _cmd_batch(args: argparse.Namespace) -> int:
                          draws=args.draws)
     check_config(config)   # a bad method, profile or family fails before any work
     names = [n.strip() for n in args.names.split(",")] if args.names else None
-    cases = cases_from_source(args.source, glob=args.glob, names=names,
+    cases = cases_from_source(args.source, glob=args.glob, exclude=args.exclude, names=names,
                               max_data_bytes=args.max_data_bytes,
-                              with_reference=args.with_reference)
-    if args.sample is not None:   # a random subset of the runnable models
-        import random  # noqa: PLC0415
-
-        runnable_cases = [c for c in cases if c.skip is None]
-        cases = sorted(random.Random(args.sample_seed).sample(
-            runnable_cases, min(args.sample, len(runnable_cases))), key=lambda c: c.name)
+                              with_reference=args.with_reference, sample=args.sample,
+                              sample_seed=args.sample_seed)
     runnable = sum(c.skip is None for c in cases)
     print(f"stanvi batch: {len(cases)} models in {args.source} ({runnable} runnable), "
           f"{len(methods)} method(s) x {len(families)} family(ies) x {args.seeds} seed(s) -> "
@@ -121,7 +132,12 @@ def add_batch_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per fit (default 600)")
     p.add_argument("--compile-timeout", type=float, default=1800.0,
                    help="seconds per compile task (default 1800)")
-    p.add_argument("--glob", default=None, help="only models whose name matches this pattern")
+    p.add_argument("--glob", default=None,
+                   help="only models whose name matches one of these comma-separated patterns "
+                        "('ARM/*,BPA/*')")
+    p.add_argument("--exclude", default=None,
+                   help="leave out models whose name matches one of these comma-separated "
+                        "patterns ('knitr/*,misc/*')")
     p.add_argument("--names", default=None, help="only these models (comma-separated names)")
     p.add_argument("--max-dim", type=int, default=None, help="skip models of larger dimension")
     p.add_argument("--fullrank-max-dim", type=int, default=100,

@@ -26,7 +26,7 @@ from typing import Any
 
 from stanvi.batch.rdump import read_rdump
 
-__all__ = ["ModelCase", "discover_example_models", "load_data", "program_blocks"]
+__all__ = ["ModelCase", "discover_example_models", "load_data", "name_selected", "program_blocks"]
 
 
 @dataclass(frozen=True)
@@ -79,22 +79,33 @@ def _data_file(stan: Path) -> tuple[Path | None, str]:
     return None, "none"
 
 
+def name_selected(name: str, glob: str | None = None, exclude: str | None = None,
+                  names: list[str] | None = None) -> bool:
+    """Whether a model passes the name filters: ``glob`` and ``exclude`` are comma-separated
+    ``fnmatch`` patterns (``*`` also matches ``/``), the name must match one of ``glob``'s (when
+    given) and none of ``exclude``'s; ``names`` are exact names."""
+    def any_match(patterns: str) -> bool:
+        return any(fnmatch.fnmatch(name, p.strip()) for p in patterns.split(",") if p.strip())
+
+    return ((glob is None or any_match(glob)) and (exclude is None or not any_match(exclude))
+            and (names is None or name in names))
+
+
 def discover_example_models(root: str | Path, *, glob: str | None = None,
-                            names: list[str] | None = None,
+                            exclude: str | None = None, names: list[str] | None = None,
                             max_data_bytes: int | None = None) -> list[ModelCase]:
     """Every ``.stan`` file below ``root`` (sorted by name) as a :class:`ModelCase`.
 
-    Filters: ``glob`` on the name (``"ARM/*"``), ``names`` (exact names), ``max_data_bytes``
-    (a larger data file is a skip with the reason)."""
+    Filters (:func:`name_selected`): ``glob`` on the name (``"ARM/*"``, or several:
+    ``"knitr/*,misc/*"``), ``exclude`` (the same, for names to leave out), ``names`` (exact
+    names); ``max_data_bytes`` (a larger data file is a skip with the reason)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory (an example-models checkout)")
     cases = []
     for stan in sorted(root.rglob("*.stan")):
         name = stan.relative_to(root).as_posix()[:-len(".stan")]
-        if glob is not None and not fnmatch.fnmatch(name, glob):
-            continue
-        if names is not None and name not in names:
+        if not name_selected(name, glob, exclude, names):
             continue
         data, fmt = _data_file(stan)
         cases.append(ModelCase(name, stan, data, fmt,

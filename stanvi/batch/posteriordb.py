@@ -19,7 +19,6 @@ data file is missing, or whose program has no parameters, is a skip with the rea
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import json
 import zipfile
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stanvi.batch.discover import ModelCase, program_blocks
+from stanvi.batch.discover import ModelCase, name_selected, program_blocks
 
 __all__ = ["database_root", "discover_posteriordb", "posterior_files", "read_reference_draws",
            "read_zipped_json"]
@@ -86,20 +85,20 @@ def read_reference_draws(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def discover_posteriordb(root: str | Path, *, glob: str | None = None,
-                         names: list[str] | None = None, with_reference: bool = False,
+                         exclude: str | None = None, names: list[str] | None = None,
+                         with_reference: bool = False,
                          max_data_bytes: int | None = None) -> list[ModelCase]:
     """Every posterior of the database (sorted by name) as a :class:`ModelCase`.
 
-    Filters: ``glob`` on the posterior name, ``names`` (exact names), ``with_reference`` (only
+    Filters: ``glob``, ``exclude`` and ``names`` on the posterior name
+    (:func:`stanvi.batch.discover.name_selected`), ``with_reference`` (only
     posteriors with reference draws present in the checkout), ``max_data_bytes`` (a larger zipped
     data file is a skip with the reason)."""
     db = database_root(root)
     cases = []
     for info_path in sorted((db / "posteriors").glob("*.json")):
         name = info_path.name[:-len(".json")]
-        if glob is not None and not fnmatch.fnmatch(name, glob):
-            continue
-        if names is not None and name not in names:
+        if not name_selected(name, glob, exclude, names):
             continue
         try:
             info, stan, data = posterior_files(db, name)
