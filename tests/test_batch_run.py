@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,6 +109,33 @@ def test_posteriordb_batch_on_a_local_cluster_with_accuracy_and_resume(pdb_tree,
     # the same batch again: nothing is run again, nothing rewritten
     assert run_batch(cases, runs, config, workers=1, progress=False) == {"converged": 4}
     assert fit_files(runs) == before
+
+
+def test_a_runs_directory_carried_to_another_machine_recompiles_and_keeps_its_fits(pdb_tree,
+                                                                                  tmp_path):
+    """A committed runs directory in a fresh clone: the compile records name a library in
+    another machine's cache and reference draws that were not committed.  The models compile
+    again (the fits would otherwise fail to load the library, or lose their accuracy figures);
+    the finished fits are neither run again nor rewritten."""
+    first, runs = tmp_path / "first", tmp_path / "clone" / "runs"
+    cases = discover_posteriordb(pdb_tree)
+    run_batch(cases, first, BatchConfig(methods=(("advi", None),), seeds=1), workers=1,
+              progress=False)
+    shutil.copytree(first / "records", runs / "records")   # no references/, no index
+    stale = RunStore(runs).get("compile", "eight-normal")
+    RunStore(runs).put("compile", "eight-normal",
+                       {**stale, "library": str(tmp_path / "other-machine" / "normal.so")})
+    before = fit_files(runs)
+    counts = run_batch(cases, runs, BatchConfig(methods=(("advi", None),), seeds=2), workers=1,
+                       progress=False)
+    assert counts == {"converged": 2}
+    after = fit_files(runs)
+    assert {k: after[k] for k in before} == before          # the carried fit is kept as it was
+    comp = RunStore(runs).get("compile", "eight-normal")
+    assert comp["status"] == "ok" and Path(comp["library"]).is_file()
+    new = [r for r in RunStore(runs).records("fit") if r["seed"] == 1]
+    assert len(new) == 1 and new[0]["status"] == "converged"
+    assert new[0]["accuracy"]["constrained"]["marginals"]["mu"]["mean_error_sd"] < 0.25
 
 
 def test_failures_are_records_with_reasons(example_tree, tmp_path):

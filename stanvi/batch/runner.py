@@ -29,7 +29,8 @@ from typing import Any
 
 from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
-from stanvi.batch.tasks import FitSpec, compile_task, fit_identity, fit_task, write_record
+from stanvi.batch.tasks import (FitSpec, compile_record_usable, compile_task, fit_identity,
+                                fit_task, write_record)
 from stanvi.progress import TaskProgress
 
 __all__ = ["BatchConfig", "check_config", "plan", "run_batch", "OK_STATUSES"]
@@ -142,7 +143,8 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
         for case, spec in todo:
             if case.name not in compiles:
                 found = store.get("compile", case.name)
-                compiles[case.name] = found if found is not None else client.submit(
+                usable = compile_record_usable(found, runs_dir)
+                compiles[case.name] = found if usable else client.submit(
                     compile_task, case, runs_dir, config.compile_timeout, pure=False,
                     key=f"compile-{case.name}-{time.time_ns()}")
             fut = client.submit(fit_or_skip, spec, case, compiles[case.name], runs_dir,

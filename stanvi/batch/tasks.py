@@ -37,7 +37,7 @@ from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
 
 __all__ = ["FitSpec", "compile_task", "fit_task", "run_job", "case_job", "write_record",
-           "fit_identity"]
+           "fit_identity", "compile_record_usable"]
 
 STDERR_TAIL = 3000
 
@@ -118,13 +118,35 @@ def fit_identity(spec: FitSpec, case: ModelCase) -> dict[str, Any]:
     return {**asdict(spec), "source": case.source}
 
 
+def compile_record_usable(record: dict[str, Any] | None, runs_dir: str | os.PathLike) -> bool:
+    """Whether a stored compile record can serve this machine's fit tasks as it is.
+
+    An ``ok`` record names files outside the record: the model library (in the compile cache of
+    the machine that compiled it) and, for a posterior with reference draws, the draws it wrote
+    to ``<runs>/references/``.  A runs directory carried to another machine (a fresh clone of a
+    committed store, another cache directory, a moved runs directory) finds them missing; its
+    models are then compiled again (a cache hit where the library is there under another path)
+    and the record replaced, while its fit records stay and are not run again.  Any other
+    status (a compile that failed, data Stan refused) is the model's outcome and is kept."""
+    if record is None:
+        return False
+    if record.get("status") != "ok":
+        return True
+    if not Path(record.get("library") or "").is_file():
+        return False
+    if record.get("reference") in (None, "unreadable"):
+        return True
+    return reference_file(runs_dir, record["model"]).is_file()
+
+
 def compile_task(case: ModelCase, runs_dir: str, timeout: float | None = 1800.0) -> dict[str, Any]:
     """Compile (or find compiled) one model and load it with its data; the record has
     ``status`` 'ok' (with ``library``, ``dim``, ``reference``), 'skipped' (the case's reason),
-    'data_error', 'compile_failed', 'load_failed', 'timeout' or 'crashed'."""
+    'data_error', 'compile_failed', 'load_failed', 'timeout' or 'crashed'.  A stored record is
+    returned as it is unless its files are missing here (:func:`compile_record_usable`)."""
     store = RunStore(runs_dir)
     found = store.get("compile", case.name)
-    if found is not None:
+    if compile_record_usable(found, runs_dir):
         return found
     identity = {"model": case.name, "source": case.source, "stan": str(case.stan),
                 "data": str(case.data) if case.data else None}
