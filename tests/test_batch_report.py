@@ -22,6 +22,7 @@ def record(model, method, seed, final, iters, oracle, elbo, status="converged", 
            "final_elbo": final if status != "failed" else None, "elbo": final, "elbo_se": 0.01,
            "iterations": iters[-1], "draw_evaluations": 1000 + seed, "run_time": 0.5,
            "compile_time": 0.1, "khat": 0.3, "verdict": "good", "oracle": {"oracle_scaled": oracle[-1]},
+           "task_seconds": 60.0 * (seed + 1) * (2 if method == "advi" else 1),
            "trace_points": {"iteration": iters, "oracle": oracle, "draws": [10 * o for o in oracle],
                             "run_time": [0.01 * i for i in iters], "elbo": elbo}}
     if acc is not None:
@@ -83,6 +84,10 @@ def test_report_tables(runs):
     compiles = {r["model"]: r for r in rows(out / "compiles.csv")}
     assert compiles["m4"]["status"] == "compile_failed"
     page = index.read_text()
+    # task time: seeds 0-2 take 1, 2, 3 minutes per TrustVI fit and twice that per ADVI fit
+    # (3 models each); the compile records carry no task time
+    assert "fits 0.90 h, compiles 0.00 h" in page
+    assert "<td>0.30</td>" in page and "<td>0.60</td>" in page
     for needle in ("trustvi:default:meanfield vs advi:stan:meanfield", "m4", "Syntax error",
                    "cdf_speedups.png", "accuracy.png", "traces.png"):
         assert needle in page

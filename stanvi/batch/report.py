@@ -32,7 +32,7 @@ from stanvi.batch.store import RunStore
 from stanvi.batch.summary import (as_run, config_of, group_runs, model_rows, pair_summary,
                                   profile_of, protocol_pairs)
 
-__all__ = ["write_report"]
+__all__ = ["write_report", "task_hours"]
 
 FIT_COLUMNS = ("model", "source", "method", "profile", "family", "seed", "status", "final_elbo",
                "elbo", "elbo_se", "iterations", "draw_evaluations", "run_time", "compile_time",
@@ -45,6 +45,13 @@ def _fit_row(r: dict) -> dict[str, Any]:
     row.update(profile=profile_of(r), mean_error_sd=acc.get("mean_error_sd_median"),
                w1_sd=acc.get("w1_sd_median"), message=(r.get("message") or "")[:300])
     return row
+
+
+def task_hours(records: list[dict]) -> float:
+    """Hours of task time of the records (each task's ``task_seconds``: its process's wall time,
+    or the time until its timeout), summed over workers: what the tasks cost on one worker,
+    whether the batch ran in one piece or in many."""
+    return sum(float(r.get("task_seconds") or 0.0) for r in records) / 3600.0
 
 
 def _write_csv(path: Path, rows: list[dict], columns: list[str] | tuple[str, ...]) -> None:
@@ -254,12 +261,16 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
     images = _plots(out, grouped, rows, pairs_by_name)
 
     status_counts: dict[str, dict[str, int]] = {}
+    by_config: dict[str, list[dict]] = {}
     for r in fits:
         status_counts.setdefault(config_of(r), {}).setdefault(r.get("status"), 0)
         status_counts[config_of(r)][r.get("status")] += 1
-    status_rows = [{"config": c, **{k: str(v) for k, v in sorted(s.items())}}
+        by_config.setdefault(config_of(r), []).append(r)
+    status_rows = [{"config": c, **{k: str(v) for k, v in sorted(s.items())},
+                    "task_hours": f"{task_hours(by_config[c]):.2f}"}
                    for c, s in sorted(status_counts.items())]
-    status_cols = ["config"] + sorted({k for s in status_counts.values() for k in s})
+    status_cols = (["config"] + sorted({k for s in status_counts.values() for k in s})
+                   + ["task_hours"])
     compiled = sum(c.get("status") == "ok" for c in compiles)
     page = [
         "<!doctype html><html><head><meta charset='utf-8'><title>stanvi batch report</title>",
@@ -269,7 +280,9 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
         "</head><body>",
         f"<h1>stanvi batch report</h1><p>Runs directory: <code>{html.escape(str(runs_dir))}"
         f"</code>. Models: {len(compiles)} found, {compiled} compiled and loaded; fits: "
-        f"{len(fits)} records. Tables: <a href='fits.csv'>fits.csv</a>, "
+        f"{len(fits)} records. Task time, summed over workers (the batch's wall time on one "
+        f"worker): fits {task_hours(fits):.2f} h, compiles {task_hours(compiles):.2f} h. "
+        f"Tables: <a href='fits.csv'>fits.csv</a>, "
         f"<a href='models.csv'>models.csv</a>, <a href='protocol.csv'>protocol.csv</a>, "
         f"<a href='compiles.csv'>compiles.csv</a>.</p>",
         "<h2>Fit outcomes by configuration</h2>", _table(status_rows, status_cols, cls="status"),
