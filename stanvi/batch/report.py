@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import html
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -260,12 +261,10 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
     _write_csv(out / "compiles.csv", compiles, ccols)
     images = _plots(out, grouped, rows, pairs_by_name)
 
-    status_counts: dict[str, dict[str, int]] = {}
     by_config: dict[str, list[dict]] = {}
     for r in fits:
-        status_counts.setdefault(config_of(r), {}).setdefault(r.get("status"), 0)
-        status_counts[config_of(r)][r.get("status")] += 1
         by_config.setdefault(config_of(r), []).append(r)
+    status_counts = {c: Counter(r.get("status") for r in rs) for c, rs in by_config.items()}
     status_rows = [{"config": c, **{k: str(v) for k, v in sorted(s.items())},
                     "task_hours": f"{task_hours(by_config[c]):.2f}"}
                    for c, s in sorted(status_counts.items())]
