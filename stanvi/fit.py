@@ -22,6 +22,7 @@ import numpy as np
 from stanvi.errors import DivergedError, NotConvergedError, NotConvergedWarning, VIError
 from stanvi.estimators.base import estimator_for
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
+from stanvi.estimators.keys import fold_in, make_key
 from stanvi.families import make_family
 from stanvi.methods import GP_METHODS, get_method, make_options
 from stanvi.methods.base import MethodResult, RunContext, Trace, purpose_key
@@ -257,14 +258,15 @@ class Fit:
         """A fresh Monte Carlo estimate of the ELBO at the final parameters and its standard
         error (draws that fail count as −inf: the ELBO is then −inf, honestly)."""
         est = self._estimator or estimator_for(self.target, self.family)
-        key = jax.random.PRNGKey(self.seed + 1 if seed is None else seed)
+        key = make_key(self.seed + 1 if seed is None else seed,
+                       host=bool(getattr(est, "host", False)))
         vals = []
         # chunks of 1024 draws, the last one padded to a power of two (one compiled program
         # per bucket, whatever n_draws is)
         kwargs = {"bucketed": True} if isinstance(est, ElboEstimator) else {}
         for start in range(0, n_draws, 1024):
             n = min(1024, n_draws - start)
-            vals.append(est.values(self.params, standard_normal(jax.random.fold_in(key, start), n,
+            vals.append(est.values(self.params, standard_normal(fold_in(key, start), n,
                                                                 self.family.dim), **kwargs))
         v = np.concatenate(vals)
         return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v)))
@@ -484,11 +486,12 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     fam = make_family(family, target.dim, **fam_kwargs)
     init_mu, random_mu = _initial_mu(target, init, seed)
     _check_init(target, init_mu)
-    estimator = estimator_for(target, fam, module.ESTIMATOR)
+    estimator = estimator_for(target, fam, module.ESTIMATOR,
+                              host=getattr(module, "HOST_PATH", False))
     bar = IterationProgress(method, enabled=progress)
     context = RunContext(init_mu=init_mu, random_init_mu=random_mu,
                          max_oracle_calls=max_oracle_calls, estimator=estimator, progress=bar)
-    key = jax.random.PRNGKey(seed)
+    key = make_key(seed, host=bool(getattr(estimator, "host", False)))
     setup_time = time.perf_counter() - t0
     t1 = time.perf_counter()
     compile_before = estimator.compile_seconds

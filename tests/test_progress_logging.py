@@ -88,17 +88,20 @@ def test_the_logger_silences_compile_messages_and_progress_false_the_display(tmp
 
 # ---------------------------------------------------------------------------------------- fits
 
-def test_trustvi_refinement_moves_the_progress_display(capfd):
-    """TrustVI's certifying refinement runs after the stochastic phase's stop; the progress
-    display follows it (``phase=refine``) up to the fit's last iteration."""
+@pytest.mark.parametrize("profile, phase", [("stochastic", "refine"), ("default", "certify")])
+def test_trustvi_progress_display_follows_every_phase(capfd, profile, phase):
+    """The stochastic profile's certifying refinement runs after its stop, the default profile
+    ends with the fresh-sample certification; the progress display follows either
+    (``phase=refine``, ``phase=certify``) up to the fit's last iteration."""
     lp = GaussianProblem(np.array([1.0, -1.0]), np.diag([1.0, 4.0]), "2d").log_density
-    fit = stanvi.fit(lp, dim=2, progress=True, draws=5, seed=0)
+    fit = stanvi.fit(lp, dim=2, progress=True, draws=5, seed=0, profile=profile,
+                     second_start_iters=0)
     phases = [row.get("phase") for row in fit.trace.rows]
-    assert "refine" in phases and phases[-1] == "refine"
+    assert phase in phases and phases[-1] == phase
     err = capfd.readouterr().err
     bar = [line for line in err.splitlines() if line.startswith("trustvi: ")]
     last_iteration = fit.trace.rows[-1]["iteration"]
-    assert bar[-1].startswith(f"trustvi: {last_iteration} it [") and "phase=refine" in bar[-1]
+    assert bar[-1].startswith(f"trustvi: {last_iteration} it [") and f"phase={phase}" in bar[-1]
     assert "oracle=" in bar[-1] and "elbo=" in bar[-1]
 
 

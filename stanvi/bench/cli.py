@@ -62,18 +62,27 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--no-jax-cache", action="store_true",
                    help="coldstart: run the processes with STANVI_JAX_CACHE=0")
     p.add_argument("--posteriordb", default=None,
-                   help="public-stopping: a posteriordb checkout (its root or its "
+                   help="public-stopping, peers: a posteriordb checkout (its root or its "
                         "posterior_database directory)")
     p.add_argument("--posteriors", default=None,
-                   help="public-stopping: comma-separated posterior names (default: the fixed "
+                   help="public-stopping, peers: comma-separated posterior names (default: the fixed "
                         "list in stanvi.bench.public_stopping)")
     p.add_argument("--optima-dir", default=None,
                    help="public-stopping: where the computed optima are cached as JSON "
                         "(default: <stanvi cache>/optima)")
+    p.add_argument("--max-dim", type=int, default=None,
+                   help="peers: leave out models with more unconstrained parameters")
+    p.add_argument("--plot", default=None,
+                   help="peers: write the accuracy-against-evaluations plot (PNG) here")
+    p.add_argument("--new-process", action="store_true",
+                   help="peers: also time a fresh process per method and model (seed 0)")
+    p.add_argument("--options", default=None,
+                   help="peers: TrustVI options, e.g. 'certify_rms=0.02,fixed_n0=32'")
     p.add_argument("--dims", default=None,
                    help="fullrank: comma-separated dimensions (default 500,1000,2000)")
     p.add_argument("--methods", default=None,
-                   help="fullrank: comma-separated methods (default trustvi,advi)")
+                   help="fullrank: comma-separated methods (default trustvi,advi); peers: among "
+                        "trustvi,trustvi-fullrank,stan-advi,pathfinder,pathfinder-multi")
     p.add_argument("--max-memory", type=float, default=8.0,
                    help="fullrank: kill a fit whose resident memory exceeds this many GB "
                         "(default 8)")
@@ -89,6 +98,22 @@ def add_bench_parser(sub) -> None:
                         "default, 1000), --models among hlr,blr,logistic_regression,"
                         "hierarchical_radon (default all)")
     p.set_defaults(func=run_bench)
+
+
+def _options(text: str | None) -> dict:
+    """``name=value,...`` as a dict of options (values parsed as Python literals, else strings)."""
+    import ast  # noqa: PLC0415
+
+    out: dict = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        name, _, value = part.partition("=")
+        try:
+            out[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[name.strip()] = value.strip()
+    return out
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -175,8 +200,22 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.what == "peers":
         from stanvi.bench import peers  # noqa: PLC0415
 
-        peers.run(Path(args.models_dir), models=args.models.split(",") if args.models else None,
-                  seeds=args.seeds, output=Path(args.output) if args.output else None)
+        names = args.posteriors.split(",") if args.posteriors else None
+        if args.posteriordb:
+            cases = peers.posteriordb_cases(Path(args.posteriordb), names)
+        else:
+            cases = peers.stan_models_cases(Path(args.models_dir),
+                                            args.models.split(",") if args.models else None)
+        methods = tuple(args.methods.split(",")) if args.methods else peers.METHODS
+        unknown = sorted(set(methods) - set(peers.METHODS))
+        if unknown:
+            raise SystemExit(f"stanvi bench peers: unknown methods {unknown}; choose from "
+                             f"{list(peers.METHODS)}")
+        peers.run(cases, seeds=args.seeds, methods=methods,
+                  output=Path(args.output) if args.output else None,
+                  plot=Path(args.plot) if args.plot else None, new_process=args.new_process,
+                  max_dim=args.max_dim, resume=args.resume,
+                  options=_options(args.options))
         return 0
     if args.what == "mlmcvi":
         from stanvi.bench import mlmcvi_bench  # noqa: PLC0415

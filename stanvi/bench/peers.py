@@ -1,22 +1,28 @@
 """``stanvi bench peers``: stanvi's TrustVI beside Stan's own algorithms on the same compiled
-models, in one process and one run (issue P2-3, "Benchmark").
+models, in one process and one run (issues P2-3 and T3-1, "Must show").
 
-For every model of the stan_models set with data: Stan's NUTS (4 chains × 1000 draws, seed 0) is
-the reference posterior; then, for each seed, stanvi TrustVI (profile ``default``, mean-field),
-Stan's C++ ADVI (mean-field, CmdStan's defaults), single-path Pathfinder and multi-path Pathfinder
-(4 paths, CmdStan's defaults).  Per method and model, medians over the seeds of:
+Models: the stan_models set with data (the reference posterior: Stan's NUTS, 4 chains × 1000
+draws, seed 0, run here), or with ``--posteriordb PATH`` the posteriordb posteriors that have
+reference draws (the reference: posteriordb's draws; ``--posteriors`` names some, ``--max-dim``
+caps D).  For each seed: stanvi TrustVI (profile ``default``, mean-field, and full-rank where
+D ≤ 100), Stan's C++ ADVI (mean-field, CmdStan's defaults), single-path Pathfinder and
+multi-path Pathfinder (4 paths, CmdStan's defaults).  Per method and model, medians over the
+seeds of (:mod:`stanvi.bench.peers_report` prints them, the ratios and the plot):
 
-* wall time (stanvi: the fit's run time plus its JAX compile time; Stan: the algorithm's);
-* model evaluations (every log density / gradient / HVP evaluated at one point counts one; HVPs
-  are counted apart for TrustVI, and the total is what is compared);
-* the final ELBO's gap to the best method's median on the model, ELBOs computed the same way for
-  every method where the approximation is a known density: stanvi's and Stan ADVI's Gaussians on
-  10,000 common base draws (Stan ADVI's Gaussian recovered exactly from its output,
-  :func:`stanvi.reference.advi.stan_advi_gaussian`); single-path Pathfinder's mean of
-  lp − lp_approx over its own 1,000 draws; none for multi-path Pathfinder (its PSIS-resampled
-  draws have no density);
-* accuracy against NUTS: median over marginals of |mean − mean_NUTS| / sd_NUTS and of the
-  1-Wasserstein distance / sd_NUTS (:mod:`stanvi.batch.accuracy`), and Pareto k̂.
+* ``evaluations``: every log density / gradient / HVP the algorithm evaluated at one point.
+  stanvi: everything the fit evaluates (warm start, iterations, certification, screening;
+  ``fit.info["model_evaluations"]``); its output and k̂ draws are reported apart
+  (``diagnostic_evaluations``).  Stan: counted in C++ around every call, Pathfinder's log
+  densities at its output draws included;
+* ``wall``: warm wall time — stanvi's ``fit.wall_time`` (the method, JAX compilation included)
+  in a process that has fitted other models already; Stan's the algorithm's;
+* ``new_process`` (``--new-process``, seed 0): a fresh ``python`` that imports stanvi and runs
+  the method on the already compiled model, timed end to end from outside
+  (:func:`stanvi.bench.coldstart.run_child`);
+* ``elbo``: stanvi's and Stan ADVI's Gaussians on 10,000 common base draws; single-path
+  Pathfinder's mean of lp − lp_approx over its draws; none for multi-path;
+* ``mean_error_sd``, ``w1_sd``: medians over marginals of |mean − mean_ref| / sd_ref and of the
+  1-Wasserstein distance / sd_ref (:mod:`stanvi.batch.accuracy`), and k̂.
 
 Each model's rows are printed when it is done and, with ``--output``, written as JSON.
 """
@@ -25,15 +31,30 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 COMMON_SEED = 20261124
 ELBO_DRAWS = 10_000
-METHODS = ("trustvi", "stan-advi", "pathfinder", "pathfinder-multi")
+OUTPUT_DRAWS = 2000          # stanvi's output draws, as the batch runs use (Pathfinder: 1,000)
+FULLRANK_MAX_DIM = 100
+METHODS = ("trustvi", "trustvi-fullrank", "stan-advi", "pathfinder", "pathfinder-multi")
+NEW_PROCESS = {"trustvi": ("trustvi", "meanfield"), "trustvi-fullrank": ("trustvi", "fullrank"),
+               "pathfinder": ("pathfinder", "none")}
+
+
+class PeerCase(NamedTuple):
+    """A model of the benchmark: its program, data (a dict or a JSON path) and reference draws
+    by element label (None: NUTS is run here)."""
+
+    name: str
+    stan: Path
+    data: Any
+    reference: dict[str, np.ndarray] | None = None
 
 
 def _accuracy(draws: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -43,23 +64,37 @@ def _accuracy(draws: dict[str, np.ndarray], reference: dict[str, np.ndarray]) ->
     return {"mean_error_sd": acc["mean_error_sd_median"], "w1_sd": acc["w1_sd_median"]}
 
 
-def _run_method(method: str, compiled, data, target, seed: int, common: np.ndarray
-                ) -> dict[str, Any]:
-    """One run: its costs, ELBO, k̂ and draws."""
+def _run_stanvi(method: str, compiled, data, seed: int, common: np.ndarray,
+                options: dict) -> dict[str, Any]:
     from stanvi.bench.methods_bench import summarize_run  # noqa: PLC0415
+    from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: PLC0415
     from stanvi.fit import fit  # noqa: PLC0415
+
+    family = "fullrank" if method == "trustvi-fullrank" else "meanfield"
+    result = fit(compiled, data, method="trustvi", family=family, seed=seed, progress=False,
+                 draws=OUTPUT_DRAWS, **options)
+    evaluations = result.info.get("model_evaluations") or {}
+    # the paper protocol's final ELBO: the family's ELBO on the common draws
+    elbo = summarize_run(result, "", common, common[:2000], 2).final_elbo
+    diag = result.diagnostics()
+    return {"status": result.status, "wall": result.wall_time,
+            "compile": result.compile_time,
+            "evaluations": int(sum(evaluations.values())),
+            "hvp": int(evaluations.get("hvp", 0)),
+            "diagnostic_evaluations": OUTPUT_DRAWS + diagnostic_draw_count(result.family.dim,
+                                                                           OUTPUT_DRAWS),
+            "elbo": elbo, "khat": diag.khat, "draws": result.stan_variables(),
+            "message": str(result.message)[:300]}
+
+
+def _run_method(method: str, compiled, data, target, seed: int, common: np.ndarray,
+                options: dict) -> dict[str, Any]:
+    """One run: its costs, ELBO, k̂ and draws."""
     from stanvi.reference import pathfinder, stan_advi  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
 
-    if method == "trustvi":
-        result = fit(compiled, data, method="trustvi", seed=seed, progress=False)
-        evaluations = result.info.get("model_evaluations") or {}
-        # the paper protocol's final ELBO: the family's ELBO on the common draws
-        elbo = summarize_run(result, "", common, common[:2000], 2).final_elbo
-        return {"status": result.status, "wall": result.run_time + result.compile_time,
-                "evaluations": int(sum(evaluations.values())),
-                "hvp": int(evaluations.get("hvp", 0)), "elbo": elbo,
-                "khat": result.diagnostics().khat, "draws": result.stan_variables()}
+    if method.startswith("trustvi"):
+        return _run_stanvi(method, compiled, data, seed, common, options)
     if method == "stan-advi":
         ref = stan_advi(compiled, data, seed=seed)
         try:
@@ -71,7 +106,8 @@ def _run_method(method: str, compiled, data, target, seed: int, common: np.ndarr
         ref = pathfinder(compiled, data, seed=seed,
                          num_paths=1 if method == "pathfinder" else 4)
         ratio = ref.log_p - ref.log_q
-        elbo = float(np.mean(ratio)) if method == "pathfinder" else math.nan
+        ratio = ratio[np.isfinite(ratio)]
+        elbo = float(np.mean(ratio)) if method == "pathfinder" and ratio.size else math.nan
         status = "converged"
     return {"status": status, "wall": ref.wall_time,
             "evaluations": ref.gradient_evaluations + ref.density_evaluations, "hvp": 0,
@@ -79,108 +115,153 @@ def _run_method(method: str, compiled, data, target, seed: int, common: np.ndarr
             "draws": ref.stan_variables()}
 
 
-def run_model(name: str, stan: Path, data: Path | None, seeds: int) -> dict[str, Any]:
+def _new_process_times(case: PeerCase, methods: tuple[str, ...]) -> dict[str, float]:
+    """End-to-end seconds of a fresh process running each of ``methods`` once (seed 0) on the
+    model, already compiled and cached (:func:`stanvi.bench.coldstart.run_child`)."""
+    from stanvi.bench.coldstart import run_child  # noqa: PLC0415
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data_path = None
+        if isinstance(case.data, dict):
+            data_path = Path(tmp) / "data.json"
+            data_path.write_text(json.dumps(case.data))
+        elif case.data is not None:
+            data_path = Path(case.data)
+        for method in methods:
+            if method not in NEW_PROCESS:
+                continue
+            name, family = NEW_PROCESS[method]
+            try:
+                out[method] = run_child(case.stan, data_path, name, family)["e2e"]
+            except Exception as exc:  # noqa: BLE001 — a failing process is a missing figure
+                print(f"  {case.name}: new-process {method} failed: {str(exc)[:200]}")
+    return out
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if r.get("status") not in ("failed", "error", "skipped")]
+    med: dict[str, Any] = {}
+    for k in ("wall", "evaluations", "hvp", "diagnostic_evaluations", "elbo", "mean_error_sd",
+              "w1_sd", "khat"):
+        vals = [r[k] for r in ok if r.get(k) is not None and np.isfinite(r[k])]
+        med[k] = float(np.median(vals)) if vals else None
+    med["failed"] = len(runs) - len(ok)
+    med["statuses"] = sorted({str(r.get("status")) for r in runs})
+    return med
+
+
+def run_case(case: PeerCase, seeds: int, methods: tuple[str, ...] = METHODS, *,
+             new_process: bool = False, options: dict | None = None) -> dict[str, Any]:
     """Every method on one model: per-run figures and their medians."""
     import jax  # noqa: PLC0415
 
-    from stanvi.targets.labelled import labelled_draws  # noqa: PLC0415
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
     from stanvi.reference import nuts  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
+    from stanvi.targets.labelled import labelled_draws  # noqa: PLC0415
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
-    compiled = compile_model(stan, progress=False)
-    target = StanTarget(compiled, data, progress=False)
+    compiled = compile_model(case.stan, progress=False)
+    target = StanTarget(compiled, case.data, progress=False)
     common = standard_normal(jax.random.PRNGKey(COMMON_SEED), ELBO_DRAWS, target.dim)
     t0 = time.perf_counter()
-    reference = nuts(compiled, data, chains=4, seed=0)
-    ref_draws = labelled_draws(reference.stan_variables())
-    out: dict[str, Any] = {
-        "model": name, "dim": int(target.dim),
-        "nuts": {"wall": reference.wall_time,
-                 "gradient_evaluations": reference.gradient_evaluations,
-                 "divergences": int(sum(reference.sampler_diagnostics["divergences"])),
-                 **{k: v for k, v in reference.diagnostics().items()
-                    if isinstance(v, (int, float))}},
-        "runs": {}, "medians": {}}
-    for method in METHODS:
+    out: dict[str, Any] = {"model": case.name, "dim": int(target.dim), "runs": {},
+                           "medians": {}}
+    if case.reference is None:
+        reference = nuts(compiled, case.data, chains=4, seed=0)
+        ref_draws = labelled_draws(reference.stan_variables())
+        out["nuts"] = {"wall": reference.wall_time,
+                       "gradient_evaluations": reference.gradient_evaluations,
+                       "divergences": int(sum(reference.sampler_diagnostics["divergences"])),
+                       **{k: v for k, v in reference.diagnostics().items()
+                          if isinstance(v, (int, float))}}
+    else:
+        ref_draws = case.reference
+    for method in methods:
         runs = []
         for seed in range(seeds):
+            if method == "trustvi-fullrank" and target.dim > FULLRANK_MAX_DIM:
+                runs.append({"status": "skipped", "message": f"D > {FULLRANK_MAX_DIM}"})
+                continue
             try:
-                run = _run_method(method, compiled, data, target, seed, common)
+                run = _run_method(method, compiled, case.data, target, seed, common,
+                                  dict(options or {}))
                 run.update(_accuracy(run.pop("draws"), ref_draws))
             except Exception as exc:  # noqa: BLE001 — a method failing is a result
                 run = {"status": "failed", "message": f"{type(exc).__name__}: {exc}"[:500]}
             runs.append(run)
         out["runs"][method] = runs
-    for method, runs in out["runs"].items():
-        ok = [r for r in runs if r.get("status") != "failed"]
-        med = {k: (float(np.median([r[k] for r in ok if r.get(k) is not None]))
-                   if ok and any(r.get(k) is not None for r in ok) else None)
-               for k in ("wall", "evaluations", "elbo", "mean_error_sd", "w1_sd", "khat")}
-        med["failed"] = len(runs) - len(ok)
-        out["medians"][method] = med
+        out["medians"][method] = _medians(runs)
+    if new_process:
+        eligible = tuple(m for m in methods
+                         if not (m == "trustvi-fullrank" and target.dim > FULLRANK_MAX_DIM))
+        for method, seconds in _new_process_times(case, eligible).items():
+            out["medians"][method]["new_process"] = seconds
     elbos = [m["elbo"] for m in out["medians"].values()
-             if m["elbo"] is not None and math.isfinite(m["elbo"])]
+             if m.get("elbo") is not None and math.isfinite(m["elbo"])]
     best = max(elbos) if elbos else None
     for med in out["medians"].values():
-        med["elbo_gap"] = (best - med["elbo"] if best is not None and med["elbo"] is not None
-                           and math.isfinite(med["elbo"]) else None)
+        med["elbo_gap"] = (best - med["elbo"] if best is not None and med.get("elbo") is not None
+                           else None)
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
-def _fmt(x, spec: str) -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
-def print_model(res: dict[str, Any]) -> None:
-    nuts_ = res["nuts"]
-    print(f"\n{res['model']} (D = {res['dim']}): NUTS {nuts_['wall']:.2f} s, "
-          f"{nuts_['gradient_evaluations']} gradients, max R-hat "
-          f"{_fmt(nuts_.get('max_r_hat'), '.3f')}, divergences {nuts_['divergences']}")
-    print(f"  {'method':18s} {'wall s':>8s} {'evals':>9s} {'ELBO gap':>9s} {'mean err/sd':>11s} "
-          f"{'W1/sd':>7s} {'k-hat':>6s} failed")
-    for method, m in res["medians"].items():
-        print(f"  {method:18s} {_fmt(m['wall'], '8.3f')} {_fmt(m['evaluations'], '9.0f')} "
-              f"{_fmt(m['elbo_gap'], '9.2f')} {_fmt(m['mean_error_sd'], '11.3f')} "
-              f"{_fmt(m['w1_sd'], '7.3f')} {_fmt(m['khat'], '6.2f')} {m['failed']}")
-
-
-def print_overall(results: list[dict[str, Any]]) -> None:
-    """Medians over models of each method's per-model medians, and who wins where."""
-    print("\nOver all models (median of per-model medians):")
-    for method in METHODS:
-        meds = [r["medians"][method] for r in results]
-        col = lambda k: [m[k] for m in meds if m.get(k) is not None]  # noqa: E731
-        print(f"  {method:18s} wall {_fmt(np.median(col('wall')) if col('wall') else None, '.3f')} s"
-              f"  evals {_fmt(np.median(col('evaluations')) if col('evaluations') else None, '.0f')}"
-              f"  ELBO gap {_fmt(np.median(col('elbo_gap')) if col('elbo_gap') else None, '.2f')}"
-              f"  mean err/sd {_fmt(np.median(col('mean_error_sd')) if col('mean_error_sd') else None, '.3f')}")
-    for figure, better in (("wall", min), ("evaluations", min), ("mean_error_sd", min)):
-        wins = {m: 0 for m in METHODS}
-        for r in results:
-            vals = {m: r["medians"][m][figure] for m in METHODS
-                    if r["medians"][m][figure] is not None}
-            if vals:
-                wins[better(vals, key=vals.get)] += 1
-        print(f"  best {figure:14s}: " + ", ".join(f"{m} {n}" for m, n in wins.items()))
-
-
-def run(models_dir: Path, *, models: list[str] | None = None, seeds: int = 5,
-        output: Path | None = None) -> list[dict[str, Any]]:
-    """Run the benchmark on the stan_models set (or the named models) and print its figures."""
+def stan_models_cases(models_dir: Path, models: list[str] | None = None) -> list[PeerCase]:
+    """The stan_models set with data (NUTS references, run by :func:`run_case`)."""
     from stanvi.bench.methods_bench import discover_models  # noqa: PLC0415
 
-    found = [(n, s, d) for n, s, d in discover_models(models_dir) if d is not None]
-    if models:
-        found = [m for m in found if m[0] in models]
-    results = []
-    for name, stan, data in found:
+    found = [PeerCase(n, s, str(d)) for n, s, d in discover_models(models_dir) if d is not None]
+    return [c for c in found if not models or c.name in models]
+
+
+def posteriordb_cases(root: Path, names: list[str] | None = None,
+                      max_dim: int | None = None) -> list[PeerCase]:
+    """posteriordb's posteriors with reference draws (``names``: only those); data and
+    reference draws read here; D is checked by :func:`run` (``max_dim``)."""
+    from stanvi.batch.posteriordb import (discover_posteriordb, read_reference_draws,  # noqa: PLC0415
+                                          read_zipped_json)
+
+    cases = []
+    for case in discover_posteriordb(root, names=names, with_reference=True):
+        if case.skip:
+            print(f"{case.name}: skipped ({case.skip})")
+            continue
         try:
-            res = run_model(name, stan, data, seeds)
-        except Exception as exc:  # noqa: BLE001 — e.g. NUTS cannot initialize
-            print(f"\n{name}: skipped ({type(exc).__name__}: {str(exc)[:300]})")
+            cases.append(PeerCase(case.name, case.stan, read_zipped_json(case.data),
+                                  read_reference_draws(case.reference)))
+        except (OSError, ValueError) as exc:   # zipfile.BadZipFile is a ValueError
+            print(f"{case.name}: skipped (unreadable data or reference draws: {exc})")
+    return cases
+
+
+def run(cases: list[PeerCase], *, seeds: int = 5, methods: tuple[str, ...] = METHODS,
+        output: Path | None = None, plot: Path | None = None, new_process: bool = False,
+        max_dim: int | None = None, options: dict | None = None,
+        resume: bool = False) -> list[dict[str, Any]]:
+    """Run the benchmark on ``cases`` and print its figures (and write ``output``, ``plot``)."""
+    from stanvi.bench.peers_report import plot_accuracy, print_model, print_overall  # noqa: PLC0415
+    from stanvi.stan.compiler import compile_model  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
+
+    results: list[dict[str, Any]] = []
+    if resume and output is not None and output.exists():
+        results = json.loads(output.read_text())
+    done = {r["model"] for r in results}
+    for case in cases:
+        if case.name in done:
+            continue
+        try:
+            if max_dim is not None:
+                dim = StanTarget(compile_model(case.stan, progress=False), case.data,
+                                 progress=False).dim
+                if dim > max_dim:
+                    print(f"\n{case.name}: skipped (D = {dim} > {max_dim})")
+                    continue
+            res = run_case(case, seeds, methods, new_process=new_process, options=options)
+        except Exception as exc:  # noqa: BLE001 — e.g. NUTS cannot initialize, data rejected
+            print(f"\n{case.name}: skipped ({type(exc).__name__}: {str(exc)[:300]})")
             continue
         results.append(res)
         print_model(res)
@@ -188,4 +269,7 @@ def run(models_dir: Path, *, models: list[str] | None = None, seeds: int = 5,
             output.write_text(json.dumps(results, indent=1, default=float))
     if results:
         print_overall(results)
+        if plot is not None:
+            plot_accuracy(results, plot)
+            print(f"wrote {plot}")
     return results

@@ -10,6 +10,7 @@ the method names (:func:`estimator_for`) and hands it over in the run context.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from stanvi.discrete.mixture_elbo import MixtureEstimator
 from stanvi.estimators.elbo import ElboEstimator
+from stanvi.estimators.host import HostElboEstimator
 
 
 class Estimator(Protocol):
@@ -69,10 +71,32 @@ def family_estimator(family) -> str | None:
     return getattr(family, "gradient_estimator", None)
 
 
-def estimator_for(target, family, name: str = DEFAULT_ESTIMATOR) -> Estimator:
+def host_path(target, family, name: str = DEFAULT_ESTIMATOR) -> bool:
+    """Whether the reparameterization estimator of (target, family) runs on the host in NumPy
+    (:class:`~stanvi.estimators.host.HostElboEstimator`): the target evaluates its batches on
+    the host (a Stan model: ``evaluates_on_host``), the family has the NumPy pieces
+    (:mod:`stanvi.families.host_math`), and ``$STANVI_HOST_PATH`` is not ``0``
+    (docs/algorithms.md#host-path).  A JAX-native target keeps the JAX estimator, which runs on
+    an accelerator when one is present."""
+    return (name == DEFAULT_ESTIMATOR and family_estimator(family) is None
+            and bool(getattr(target, "evaluates_on_host", False))
+            and hasattr(family, "hvp_pullback")
+            and os.environ.get("STANVI_HOST_PATH", "1").strip() != "0")
+
+
+def estimator_for(target, family, name: str = DEFAULT_ESTIMATOR, *,
+                  host: bool = False) -> Estimator:
     """The estimator ``name`` of (target, family), built once and kept on the target, so
     repeated fits of the same model (seeds, benchmarks) compile their JAX functions only once.
-    A family that names its own estimator (:func:`family_estimator`) gets that one."""
+    A family that names its own estimator (:func:`family_estimator`) gets that one.  ``host``:
+    the caller can use the host estimator (its loop is Python, not one compiled JAX program);
+    it is built where :func:`host_path` allows."""
+    if host and host_path(target, family, name):
+        cache = target.__dict__.setdefault("_stanvi_estimators", {})
+        est = cache.get(("host", family))
+        if est is None:
+            est = cache[("host", family)] = HostElboEstimator(family, target)
+        return est
     name = family_estimator(family) or name
     try:
         factory = ESTIMATORS[name]

@@ -25,6 +25,7 @@ import numpy as np
 
 from stanvi.errors import VIError
 from stanvi.estimators.fullrank_rows import FullRankRows
+from stanvi.estimators.keys import HostKey, fold_in, host_normal
 
 
 class GradientFailure(VIError):
@@ -292,8 +293,11 @@ def standard_normal(key: jax.Array, n: int, dim: int) -> np.ndarray:
     """(n, dim) standard normal base draws from ``key``: the first n rows of a
     ``(normal_rows(n, dim), dim)`` draw, which are ``jax.random.normal(key, (n, dim))`` bit for
     bit because JAX's threefry is partitionable (each entry's bits depend on its index, not on
-    the shape; :mod:`stanvi.jax_config` pins ``jax_threefry_partitionable``; tested)."""
+    the shape; :mod:`stanvi.jax_config` pins ``jax_threefry_partitionable``; tested).  A host-path
+    key (:class:`~stanvi.estimators.keys.HostKey`) draws from NumPy instead."""
     n, dim = int(n), int(dim)
+    if isinstance(key, HostKey):
+        return host_normal(key, n, dim)
     return np.asarray(_standard_normal(key, normal_rows(n, dim), dim))[:n]
 
 
@@ -308,7 +312,7 @@ def collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_drop
     kept: list[list[np.ndarray]] = []
     have = dropped = attempt = 0
     while have < n:
-        eps = standard_normal(jax.random.fold_in(key, attempt), n, dim)
+        eps = standard_normal(fold_in(key, attempt), n, dim)
         attempt += 1
         ok, *arrays = evaluate(eps)
         need = n - have

@@ -21,13 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stanvi.families.host_math import FullRankHostMath, MeanFieldHostMath
 from stanvi.families.protocol import GaussianDefaults
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass(frozen=True)
-class MeanField(GaussianDefaults):
+class MeanField(MeanFieldHostMath, GaussianDefaults):
     """Mean-field Gaussian N(μ, diag(exp(2ω))); λ = concat(μ, ω), length 2D."""
 
     dim: int
@@ -92,7 +93,7 @@ class MeanField(GaussianDefaults):
 
 
 @dataclass(frozen=True)
-class FullRank(GaussianDefaults):
+class FullRank(FullRankHostMath, GaussianDefaults):
     """Full-rank Gaussian N(μ, L Lᵀ); λ = concat(μ, the lower triangle of L row by row)."""
 
     dim: int

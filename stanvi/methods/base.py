@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from stanvi.estimators.elbo import ElboEstimator
+from stanvi.estimators.keys import HostKey
 from stanvi.progress import IterationProgress
 
 # Oracle prices of the TrustVI paper (Regier et al. 2017, §5; docs/algorithms.md#oracle-calls):
@@ -41,6 +42,8 @@ def purpose_key(key: jax.Array, iteration: int, purpose: str) -> jax.Array:
     (docs/algorithms.md#random-keys).
     (From Python, one jitted call: two eager ``fold_in`` dispatches cost ~1.5 ms; inside traced
     code, e.g. ADVI's compiled chunk, the plain function.)"""
+    if isinstance(key, HostKey):
+        return HostKey(key.seed, key.path + (int(iteration), PURPOSES[purpose]))
     if isinstance(iteration, jax.core.Tracer):
         return jax.random.fold_in(jax.random.fold_in(key, iteration), PURPOSES[purpose])
     return _fold_in_twice(key, np.uint32(iteration), np.uint32(PURPOSES[purpose]))

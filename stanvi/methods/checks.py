@@ -179,7 +179,9 @@ def honest_outcome(target, family, params, key, status: str, message: str, count
                           f"a Hessian-vector product, the step or its ELBO change was not finite, "
                           f"so q is still its starting point (the model's curvature is not "
                           f"finite there; {remedy}) [TrustVI: {message}]")
-    if never_moved and status == "converged" and "refined:" not in message:
-        # (a stop the refinement certified stands: the warm start may already sit at the optimum)
+    if (never_moved and status == "converged" and "refined:" not in message
+            and "certified on" not in message):
+        # (a stop the refinement or the fresh-sample test certified stands: the warm start may
+        # already sit at the optimum)
         return "max_iters", f"no step was ever accepted ({message})"
     return status, message

@@ -67,6 +67,7 @@ PROFILES: dict[str, dict] = {
 }
 DEFAULT_PROFILE = "paper"
 ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
+HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
 
 
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:

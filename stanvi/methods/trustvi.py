@@ -53,6 +53,7 @@ message starts with ``failed_gradient``).
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import NamedTuple
 
@@ -64,6 +65,7 @@ from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, stan
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
 from stanvi.methods.checks import divergence, honest_outcome
+from stanvi.methods.trustvi_second_start import run_fixed
 from stanvi.methods.refine import refine_after_stop
 from stanvi.methods.trustvi_options import Options
 # the method registry (stanvi.methods.make_options) reads a method module's profiles
@@ -78,6 +80,7 @@ from stanvi.optim.trust_region import (TRResult, newton_gain, scaled_problem,
                                        solve_dense_operator)
 
 ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
+HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
 
 
 def _solve(options: Options, hvp, c: np.ndarray, delta: float):
@@ -320,21 +323,31 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     loop (:func:`stanvi.methods.base.iterate`) over :func:`step`, the certifying refinement and
     the honest-outcome checks."""
     o = options
+    clock_start = time.perf_counter()   # the trace's clock counts the warm start too
     est = context.estimator
     tau1, tau2 = tau_constants(alpha=o.alpha, gamma=o.gamma, lam=o.lam)
     mu0, _ = context.initial_mean(o.init)
     params = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
     ledger = OracleLedger()
     start_info: dict = {}
+    alternatives: list = []   # the start the warm start did not choose (second-start check)
     if o.warm_start == "laplace" and target is None:
         start_info = {"warm_start": "default", "warm_start_reason": "no target to search"}
     elif o.warm_start == "laplace":
         params, start_info = laplace_start(target, family, est, mu0, params,
                                            key=purpose_key(key, 0, "init"), ledger=ledger,
-                                           log_scale0=o.log_scale0)
-    trace = Trace(compile_clock=compile_clock(est))
+                                           log_scale0=o.log_scale0, alternatives=alternatives)
+    trace = Trace(compile_clock=compile_clock(est), start=clock_start)
     trace.record(0, params, ledger, delta=o.delta0)
     counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0, "rejected_failure": 0}
+    if o.sample == "fixed":
+        status, message, params, info = run_fixed(o, est, family, key, ledger, trace, params,
+                                                  alternatives, context, counts)
+        info = {**counts, **start_info, **info}
+        status, message = honest_outcome(target, family, params, key, status, message, counts,
+                                         info, ledger)
+        return MethodResult(params=params, trace=trace, ledger=ledger, status=status,
+                            message=message, info=info)
     setup = _Setup(o, est, family, key, ledger, tau1, tau2, counts)
     state = State(params, o.delta0, 1, o.n_change0, in_warmup=o.warmup)
     state, k, status, message = iterate(partial(step, setup), state, max_iters=o.max_iters,

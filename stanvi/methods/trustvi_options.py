@@ -65,6 +65,19 @@ class Options:
     # 0.5 took ten iterations to reach (60,662 → 15,606 draws to within 1 nat) [C]
     refine_delta0: float = 100.0
     handover_batch: int | None = None  # hand over to the refinement once n_g reaches this [C]
+    # fixed-sample TrustVI, certified on fresh draws (#trustvi-fixed, issue T3-1)
+    sample: str = "fresh"             # 'fresh': new draws each iteration [P] | 'fixed' [C]
+    fixed_n0: int = 64                # ... the first fixed sample's draws [C]
+    fixed_n_max: int = 8192           # ... the largest sample before giving up certifying [C]
+    fixed_hessian: str = "stein"      # ... model Hessian: 'stein' (gradients only) | 'hvp' [C]
+    fixed_n_hess: int = 32            # ... draws of the Hessian-vector products [C]
+    fixed_stage_iters: int = 50       # ... iterations on one sample before certifying anyway [C]
+    second_start_iters: int = 30      # exploratory run from the other start (0: none) [C]
+    second_start_draws: int = 16      # ... its fixed sample [C]
+    fixed_krylov_tol: float = 1e-2    # ... GLTR relative residual of a step [C]
+    certify_krylov_tol: float = 1e-3  # ... GLTR relative residual of the certifying solve [C]
+    certify_gap: float = 0.1          # ... certified within this many nats [C]
+    certify_rms: float = 0.02         # ... and ~this many q-sds per parameter (Fisher metric) [C]
 
     def __post_init__(self) -> None:
         # A misspelt choice must not silently select another behaviour (e.g. reuse_mode
@@ -79,7 +92,9 @@ class Options:
                               ("n_change_policy", ("retrospective", "reference")),
                               ("metric", ("euclidean", "fisher")),
                               ("gain_estimate", ("plugin", "split")),
-                              ("warm_start", ("none", "laplace"))):
+                              ("warm_start", ("none", "laplace")),
+                              ("sample", ("fresh", "fixed")),
+                              ("fixed_hessian", ("stein", "hvp"))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"trustvi option {name}={getattr(self, name)!r} is not one of "
                                  f"{list(choices)}")
@@ -94,7 +109,15 @@ PROFILES: dict[str, dict] = {
                 "max_iters": 1000, "tol_model": 0.25, "norm_test": 1.0,
                 "metric": "fisher", "certify_tol": 1e-6, "gain_estimate": "split",
                 "refine_draws": 4096, "warm_start": "laplace", "delta_min": 1e-2,
-                "handover_batch": 512},
+                "handover_batch": 512, "sample": "fixed"},
+    # the stochastic iterations that were ``default`` before the fixed-sample ones (issue T3-1):
+    # fresh draws every iteration, handed over to the certifying refinement (#refinement)
+    "stochastic": {"n_grad": 16, "n_hess": 8, "n_change0": 16, "r_max": 64,
+                   "n_change_max": 1024, "delta0": 1.0, "tol_model_iters": 3,
+                   "tol_interior": 0.1, "tol_boundary": 0.3, "max_iters": 1000,
+                   "tol_model": 0.25, "norm_test": 1.0, "metric": "fisher", "certify_tol": 1e-6,
+                   "gain_estimate": "split", "refine_draws": 4096, "warm_start": "laplace",
+                   "delta_min": 1e-2, "handover_batch": 512},
     # faithful to the authors' code [R] (docs/algorithms.md#reference-code), for ablations
     "reference_code": {"acceptance": "ratio", "radius_rule": "reference", "warmup": True,
                        "ineq11_factor_two": False, "lam": 2.0, "nu1": 1.0, "zeta1": 2.0 / 3.0,

@@ -227,10 +227,15 @@ def _mean_elbo(est, params: np.ndarray, eps: np.ndarray) -> float:
 
 def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarray, *,
                   key: jax.Array, ledger: OracleLedger, log_scale0: float,
-                  max_iters: int = 1000, n_compare: int = 64) -> tuple[np.ndarray, dict]:
+                  max_iters: int = 1000, n_compare: int = 64,
+                  alternatives: list | None = None) -> tuple[np.ndarray, dict]:
     """The initial variational parameters: the Laplace start when its ELBO estimate beats
     ``default_params``' on common draws, else ``default_params`` (module docstring).  Returns
-    the parameters and a record (``warm_start``: 'laplace' or 'default', with the reason)."""
+    the parameters and a record (``warm_start``: 'laplace' or 'default', with the reason).
+    The candidate not chosen, when there was one, is appended to ``alternatives`` (a second,
+    independent start: :mod:`stanvi.methods.trustvi_second_start`)."""
+    if alternatives is None:
+        alternatives = []
     dim = family.dim
 
     def neg_log_p(z: np.ndarray) -> tuple[float, np.ndarray]:
@@ -264,6 +269,8 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
     ledger.elbo_estimate(2 * n_compare)
     info.update(laplace_elbo=elbo_laplace, default_elbo=elbo_default)
     if elbo_laplace > elbo_default:
+        alternatives.append(default_params)
         return laplace, {**info, "warm_start": "laplace"}
+    alternatives.append(laplace)
     return default_params, {**info, "warm_start": "default",
                             "warm_start_reason": "the Laplace start's ELBO estimate was lower"}

@@ -37,6 +37,9 @@ from stanvi.targets.hvp_choice import stored_hvp_choice, timed_hvp_choice
 
 
 HVP_METHODS = ("auto", "exact", "finite_difference")
+#: A batched call runs on all threads only when its work is at least this many seconds
+#: (:meth:`StanTarget._threads_for`); below it TBB's start-up costs more than it saves.
+PARALLEL_MIN_SECONDS = 1e-3
 
 
 class StanTarget:
@@ -62,6 +65,10 @@ class StanTarget:
             so either is valid; the choice is in :attr:`hvp_method_used`.
     """
 
+    # batches are evaluated on the host (C++), so a method's estimator can run in NumPy around
+    # them (stanvi.estimators.base.host_path; docs/algorithms.md#host-path)
+    evaluates_on_host = True
+
     def __init__(self, model: CompiledModel | str | os.PathLike, data: DataLike = None, *,
                  seed: int = 0, threads: int | None = None, progress: bool = True,
                  hvp_method: str = "auto") -> None:
@@ -85,6 +92,7 @@ class StanTarget:
         weakref.finalize(self, release_ffi_state, self._ffi_state)
         self.threads = threads or default_threads()
         self.counter = SharedOracleCounter(self._ffi_state)
+        self._row_seconds: dict[str, float] = {}   # per kind, for _threads_for
         self._batched = BatchedLibrary(library)
         if hvp_method == "exact" and not self._batched.hvp_exact:
             raise ValueError(f"hvp_method='exact' needs the nested-autodiff build, but "
@@ -238,13 +246,33 @@ class StanTarget:
         if np.isnan(z.sum()):  # cheap test first; the row-wise one only when needed
             lp[np.isnan(z).any(axis=1)] = np.nan
 
+    def _threads_for(self, kind: str, rows: int) -> int:
+        """Threads for a batched call of ``rows`` points: all of :attr:`threads` when the call's
+        work (rows × the last measured seconds per row of this kind) is at least
+        ``PARALLEL_MIN_SECONDS``, else one.  Waking TBB's workers for a small batch costs more
+        than it saves, and the workers then spin for a while, taking the CPU from the caller's
+        own arithmetic (on 2 cores a Laplace warm start's L-BFGS ran 3× slower after batched
+        calls; issue T3-1).  Each row is computed alone, so the result does not depend on it."""
+        threads = self.threads
+        if threads <= 1 or rows < 2:
+            return 1
+        per_row = self._row_seconds.get(kind)
+        if per_row is None or rows * per_row >= PARALLEL_MIN_SECONDS:
+            return threads
+        return 1
+
     def _counted(self, kind: str, z: np.ndarray, call, *args, **kwargs):
         """``call(handle, z, *args, ...)`` on the library, counted in ``self.counter`` as
         ``len(z)`` draws of ``kind`` with the seconds spent in C++."""
+        rows = z.shape[0]
+        threads = self._threads_for(kind, rows)
         t0 = time.perf_counter()
-        out = call(self._handle, z, *args, propto=False, jacobian=True, threads=self.threads,
+        out = call(self._handle, z, *args, propto=False, jacobian=True, threads=threads,
                    **kwargs)
-        self.counter.add(kind, z.shape[0], time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.counter.add(kind, rows, seconds)
+        if rows:   # the single-thread seconds per row, about (TBB's overhead aside)
+            self._row_seconds[kind] = seconds * threads / rows
         return out
 
     def log_density(self, z: np.ndarray) -> BatchResult:

@@ -1,0 +1,125 @@
+"""TrustVI's fixed-sample iterations and their certification (stanvi.methods.trustvi_fixed, the
+``default`` profile; docs/algorithms.md#trustvi-fixed) and the second-start check
+(stanvi.methods.trustvi_second_start): exact on Gaussian targets, refusing to certify a run that
+is short, and continuing from a second start that is higher."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stanvi
+from stanvi.estimators.elbo import ElboEstimator
+from stanvi.estimators.keys import make_key
+from stanvi.families import FullRank, MeanField
+from stanvi.methods.base import OracleLedger, RunContext, Trace
+from stanvi.methods.trustvi_fixed import certify_tolerance, stage_iteration_limit
+from stanvi.methods.trustvi_options import PROFILES, Options
+from stanvi.methods.trustvi_second_start import run_fixed
+from stanvi.progress import IterationProgress
+from stanvi.targets import JaxTarget
+from gaussian_targets import make_problem
+
+DEFAULT = Options(**PROFILES["default"])
+
+
+@pytest.mark.parametrize("dim, correlated", [(2, False), (10, True)])
+@pytest.mark.parametrize("family", ["meanfield", "fullrank"])
+def test_exact_on_gaussian_targets(dim, correlated, family):
+    """Moment-matched draws make the fixed-sample ELBO of a Gaussian exact, so the certified
+    optimum is the family's exact optimum (closed form), not one within Monte Carlo error."""
+    problem = make_problem(dim, correlated)
+    target = JaxTarget(problem.log_density, dim)
+    fit = stanvi.fit(target, method="trustvi", family=family, seed=3, progress=False)
+    assert fit.status == "converged", fit.message
+    assert "certified on" in fit.message
+    if family == "meanfield":
+        problem.assert_mf_optimum(fit.family, fit.params, gap_tol=1e-8)
+    else:
+        kl = problem.kl(np.asarray(fit.family.mean(fit.params)),
+                        np.asarray(fit.family.covariance(fit.params)))
+        assert kl <= 1e-8, kl
+
+
+def test_exact_on_a_stan_gaussian_through_the_host_path(load_target):
+    """stan_models/gaussian (a correlated 10-D normal) on the host path: the mean-field optimum
+    (μ = m, σ_i = 1/√Λ_ii) to rounding, certified on the first 64-draw sample."""
+    target = load_target("gaussian")
+    data = target.data_dict()
+    m = np.asarray(data["m"], dtype=float)
+    prec = np.linalg.inv(np.asarray(data["Sigma"], dtype=float))
+    fit = stanvi.fit(target, method="trustvi", seed=0, progress=False)
+    assert fit.status == "converged", fit.message
+    d = target.dim
+    assert np.allclose(fit.params[:d], m, atol=1e-7)
+    assert np.allclose(np.exp(fit.params[d:]), 1 / np.sqrt(np.diag(prec)), rtol=1e-7)
+    assert fit.info["certify_draws"] == DEFAULT.fixed_n0
+    assert fit.info["hessian_model"] == "stein"
+    assert fit.compile_time == 0.0
+
+
+def test_refuses_to_certify_a_run_that_is_short(load_target):
+    """Cut short by the iteration cap, or unable to reach the precision asked by the largest
+    sample allowed: never ``converged``."""
+    target = load_target("eight_schools")
+    with pytest.warns(stanvi.NotConvergedWarning):
+        fit = stanvi.fit(target, method="trustvi", seed=0, progress=False, max_iters=3)
+    assert fit.status == "max_iters"
+    with pytest.warns(stanvi.NotConvergedWarning):
+        fit = stanvi.fit(target, method="trustvi", seed=0, progress=False, certify_rms=1e-5,
+                         certify_gap=1e-7, fixed_n_max=128, second_start_iters=0)
+    assert fit.status == "max_iters"
+    assert fit.message.startswith("not certified"), fit.message
+
+
+def test_certification_tolerance_and_stage_limits():
+    o = DEFAULT
+    assert certify_tolerance(o, 20) == pytest.approx(0.5 * 20 * o.certify_rms ** 2)
+    assert certify_tolerance(o, 10 ** 7) == o.certify_gap
+    assert stage_iteration_limit(o, o.fixed_n0) == o.fixed_stage_iters
+    assert stage_iteration_limit(o, 2 * o.fixed_n0) == o.fixed_stage_iters // 2
+    assert stage_iteration_limit(o, 10 ** 6) == 5
+
+
+def _bimodal():
+    """1-D: 0.1·N(−3, 0.5²) + 0.9·N(3, 0.5²).  The mean-field optima sit at each mode; the
+    right one's ELBO is higher by about log 9 ≈ 2.2 nats."""
+    def lp(z):
+        a = math.log(0.1) - 0.5 * ((z[0] + 3.0) / 0.5) ** 2
+        b = math.log(0.9) - 0.5 * ((z[0] - 3.0) / 0.5) ** 2
+        return jnp.logaddexp(a, b) - math.log(0.5 * math.sqrt(2 * math.pi))
+    return JaxTarget(lp, 1)
+
+
+def _run(first: float, other: float):
+    target = _bimodal()
+    family = MeanField(1)
+    est = ElboEstimator(family, target.jax_log_density)
+    ledger = OracleLedger()
+    context = RunContext(init_mu=None, random_init_mu=np.zeros(1), max_oracle_calls=None,
+                         estimator=est, progress=IterationProgress("trustvi", enabled=False))
+    info = {}
+    status, message, params, info = run_fixed(
+        DEFAULT, est, family, make_key(0, host=False), ledger,
+        Trace(), np.array([first, math.log(0.5)]), [np.array([other, math.log(0.5)])], context)
+    return status, message, params, info
+
+
+def test_second_start_continues_from_a_higher_optimum():
+    status, message, params, info = _run(first=-3.0, other=3.0)
+    assert status == "converged"
+    assert abs(params[0] - 3.0) < 0.05, params
+    assert info["second_start_used"]
+    assert info["second_start_gap"] == pytest.approx(math.log(9), abs=0.3)
+    assert "a local one" in message
+
+
+def test_second_start_in_the_same_basin_changes_nothing():
+    status, message, params, info = _run(first=3.0, other=2.0)
+    assert status == "converged"
+    assert abs(params[0] - 3.0) < 0.05
+    assert "second start" not in message
+    assert abs(info["second_start_gap"]) < 0.1
