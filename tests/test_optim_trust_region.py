@@ -355,3 +355,26 @@ def test_subspace_reuse_without_basis_is_the_cauchy_step():
     res = solve_subspace_reuse(op, c, 0.7, None, None)
     assert res.n_hvp == op.calls == 1
     assert res.q_value == pytest.approx(cauchy_value(B, c, 0.7), rel=1e-12)
+
+
+def test_newton_radius_solves_an_indefinite_model_without_overflow():
+    """The 'no trust region' radius of the Newton solves (refinement, certification) used to be
+    1e300: on a model that is not concave the boundary step then overflowed
+    (``RuntimeWarning: overflow encountered in dot``, seen on 5 of 15 public posteriors; issue
+    T3-1).  NEWTON_RADIUS gives a finite boundary solution, and no warning."""
+    import warnings
+
+    from stanvi.optim.gltr import solve_gltr
+    from stanvi.optim.trust_region import NEWTON_RADIUS
+
+    rng = np.random.default_rng(0)
+    n = 10
+    Q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    B = Q @ np.diag(np.linspace(-1.0, 5.0, n)) @ Q.T
+    c = rng.normal(size=n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sol = solve_gltr(lambda v: B @ v, c, NEWTON_RADIUS, tol_interior=1e-4, tol_boundary=1e-4,
+                         max_krylov=2 * n)
+    assert sol.on_boundary and np.isfinite(sol.q_value)
+    assert np.linalg.norm(sol.s) == pytest.approx(NEWTON_RADIUS)

@@ -64,55 +64,83 @@ def _accuracy(draws: dict[str, np.ndarray], reference: dict[str, np.ndarray]) ->
     return {"mean_error_sd": acc["mean_error_sd_median"], "w1_sd": acc["w1_sd_median"]}
 
 
-def _run_stanvi(method: str, compiled, data, seed: int, common: np.ndarray,
-                options: dict) -> dict[str, Any]:
+def _fit_method(method: str, compiled, data, seed: int, options: dict):
+    """One run of ``method``, nothing else: the object it returns (a stanvi ``Fit`` or Stan's
+    ``ReferenceFit``).  The bench runs every seed of a method back to back before it evaluates
+    any (:func:`_figures`), so that the evaluations' own batched calls (10,000 draws on all
+    threads) and their aftermath do not land inside the timed fits."""
+    from stanvi.fit import fit  # noqa: PLC0415
+    from stanvi.reference import pathfinder, stan_advi  # noqa: PLC0415
+
+    if method.startswith("trustvi"):
+        family = "fullrank" if method == "trustvi-fullrank" else "meanfield"
+        return fit(compiled, data, method="trustvi", family=family, seed=seed, progress=False,
+                   draws=OUTPUT_DRAWS, **options)
+    if method == "stan-advi":
+        return stan_advi(compiled, data, seed=seed)
+    return pathfinder(compiled, data, seed=seed, num_paths=1 if method == "pathfinder" else 4)
+
+
+def _figures(method: str, result, target, common: np.ndarray) -> dict[str, Any]:
+    """A run's costs, ELBO, k̂ and draws."""
     from stanvi.bench.methods_bench import summarize_run  # noqa: PLC0415
     from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: PLC0415
-    from stanvi.fit import fit  # noqa: PLC0415
-
-    family = "fullrank" if method == "trustvi-fullrank" else "meanfield"
-    result = fit(compiled, data, method="trustvi", family=family, seed=seed, progress=False,
-                 draws=OUTPUT_DRAWS, **options)
-    evaluations = result.info.get("model_evaluations") or {}
-    # the paper protocol's final ELBO: the family's ELBO on the common draws
-    elbo = summarize_run(result, "", common, common[:2000], 2).final_elbo
-    diag = result.diagnostics()
-    return {"status": result.status, "wall": result.wall_time,
-            "compile": result.compile_time,
-            "evaluations": int(sum(evaluations.values())),
-            "hvp": int(evaluations.get("hvp", 0)),
-            "diagnostic_evaluations": OUTPUT_DRAWS + diagnostic_draw_count(result.family.dim,
-                                                                           OUTPUT_DRAWS),
-            "elbo": elbo, "khat": diag.khat, "draws": result.stan_variables(),
-            "message": str(result.message)[:300]}
-
-
-def _run_method(method: str, compiled, data, target, seed: int, common: np.ndarray,
-                options: dict) -> dict[str, Any]:
-    """One run: its costs, ELBO, k̂ and draws."""
-    from stanvi.reference import pathfinder, stan_advi  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
 
     if method.startswith("trustvi"):
-        return _run_stanvi(method, compiled, data, seed, common, options)
+        evaluations = result.info.get("model_evaluations") or {}
+        # the paper protocol's final ELBO: the family's ELBO on the common draws
+        elbo = summarize_run(result, "", common, common[:2000], 2).final_elbo
+        return {"status": result.status, "wall": result.wall_time,
+                "compile": result.compile_time,
+                "evaluations": int(sum(evaluations.values())),
+                "hvp": int(evaluations.get("hvp", 0)),
+                "diagnostic_evaluations": OUTPUT_DRAWS + diagnostic_draw_count(
+                    result.family.dim, OUTPUT_DRAWS),
+                "elbo": elbo, "khat": result.diagnostics().khat,
+                "draws": result.stan_variables(), "message": str(result.message)[:300]}
     if method == "stan-advi":
-        ref = stan_advi(compiled, data, seed=seed)
         try:
-            elbo = stan_advi_elbo(ref, target, [common])[0][0]
+            elbo = stan_advi_elbo(result, target, [common])[0][0]
         except ValueError:
             elbo = math.nan
-        status = "converged" if "CONVERGED" in ref.messages[0] else "max_iters"
+        status = "converged" if "CONVERGED" in result.messages[0] else "max_iters"
     else:
-        ref = pathfinder(compiled, data, seed=seed,
-                         num_paths=1 if method == "pathfinder" else 4)
-        ratio = ref.log_p - ref.log_q
+        ratio = result.log_p - result.log_q
         ratio = ratio[np.isfinite(ratio)]
         elbo = float(np.mean(ratio)) if method == "pathfinder" and ratio.size else math.nan
         status = "converged"
-    return {"status": status, "wall": ref.wall_time,
-            "evaluations": ref.gradient_evaluations + ref.density_evaluations, "hvp": 0,
-            "elbo": elbo, "khat": ref.diagnostics().khat if ref.has_proposal_density else None,
-            "draws": ref.stan_variables()}
+    return {"status": status, "wall": result.wall_time,
+            "evaluations": result.gradient_evaluations + result.density_evaluations, "hvp": 0,
+            "elbo": elbo,
+            "khat": result.diagnostics().khat if result.has_proposal_density else None,
+            "draws": result.stan_variables()}
+
+
+def _runs(method: str, compiled, data, target, seeds: int, common: np.ndarray,
+          reference: dict[str, np.ndarray], options: dict) -> list[dict[str, Any]]:
+    """Every seed of ``method``, fitted back to back, then evaluated."""
+    fitted = []
+    for seed in range(seeds):
+        if method == "trustvi-fullrank" and target.dim > FULLRANK_MAX_DIM:
+            fitted.append({"status": "skipped", "message": f"D > {FULLRANK_MAX_DIM}"})
+            continue
+        try:
+            fitted.append(_fit_method(method, compiled, data, seed, options))
+        except Exception as exc:  # noqa: BLE001 — a method failing is a result
+            fitted.append({"status": "failed", "message": f"{type(exc).__name__}: {exc}"[:500]})
+    runs = []
+    for result in fitted:
+        if isinstance(result, dict):
+            runs.append(result)
+            continue
+        try:
+            run = _figures(method, result, target, common)
+            run.update(_accuracy(run.pop("draws"), reference))
+        except Exception as exc:  # noqa: BLE001
+            run = {"status": "failed", "message": f"{type(exc).__name__}: {exc}"[:500]}
+        runs.append(run)
+    return runs
 
 
 def _new_process_times(case: PeerCase, methods: tuple[str, ...]) -> dict[str, float]:
@@ -179,18 +207,8 @@ def run_case(case: PeerCase, seeds: int, methods: tuple[str, ...] = METHODS, *,
     else:
         ref_draws = case.reference
     for method in methods:
-        runs = []
-        for seed in range(seeds):
-            if method == "trustvi-fullrank" and target.dim > FULLRANK_MAX_DIM:
-                runs.append({"status": "skipped", "message": f"D > {FULLRANK_MAX_DIM}"})
-                continue
-            try:
-                run = _run_method(method, compiled, case.data, target, seed, common,
-                                  dict(options or {}))
-                run.update(_accuracy(run.pop("draws"), ref_draws))
-            except Exception as exc:  # noqa: BLE001 — a method failing is a result
-                run = {"status": "failed", "message": f"{type(exc).__name__}: {exc}"[:500]}
-            runs.append(run)
+        runs = _runs(method, compiled, case.data, target, seeds, common, ref_draws,
+                     dict(options or {}))
         out["runs"][method] = runs
         out["medians"][method] = _medians(runs)
     if new_process:

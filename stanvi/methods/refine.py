@@ -41,6 +41,7 @@ import numpy as np
 from stanvi.estimators.elbo import GradientFailure, per_draw_gradients, valid_draws
 from stanvi.methods.base import OracleLedger, purpose_key
 from stanvi.optim.gltr import solve_gltr, truncated
+from stanvi.optim.trust_region import NEWTON_RADIUS
 
 
 class RefineResult(NamedTuple):
@@ -132,7 +133,7 @@ def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLed
             return -est.hvp(_p, eps_h, v / _scale) / _scale
 
         c = -g / scale
-        newton = solve_gltr(op, c, 1e300, tol_interior=1e-4, tol_boundary=1e-4,
+        newton = solve_gltr(op, c, NEWTON_RADIUS, tol_interior=1e-4, tol_boundary=1e-4,
                             max_krylov=2 * len(c))
         ledger.hvp(len(eps_h), newton.n_hvp)
         if newton.status == "non_finite":

@@ -23,12 +23,17 @@ Profiles (``PROFILES``):
 * ``paper``: the paper's constants and batch sizes (256-draw gradients, 85-draw Hessians,
   128 initial ELBO-change pairs), δ₀ = 0.1, 500 iterations, stop when δ < 1e-4 — the setting
   whose oracle counts the paper reports (paper §5, Table 1; #trustvi-constants).
-* ``default``: the same algorithm and safeguards, tuned for wall time on a CPU, where every draw
-  costs (issue P1-2, "Beyond the paper"): small starting batches (n_g⁰ = 16, n_h⁰ = 8,
-  N₀ = 16) that the paper's own adaptation rules (jackknife, Inequalities 11/13) grow when the
-  noise demands it, up to r ≤ 64 and N ≤ 1024, δ₀ = 1, plus the norm test of Byrd, Chin,
-  Nocedal & Wu (2012) in the batch rule (``norm_test``, see
-  :func:`~stanvi.optim.jackknife.update_replication`), and the stopping rule below.
+* ``default``: the same trust-region iteration on a fixed, growing moment-matched sample, with a
+  Stein model of the Hessian, certified on fresh draws (``sample="fixed"``:
+  :mod:`stanvi.methods.trustvi_fixed`, #trustvi-fixed), after a Laplace warm start, with the
+  second-start check (:mod:`stanvi.methods.trustvi_second_start`; issue T3-1).
+* ``stochastic``: the paper's fresh draws at every iteration, tuned for wall time on a CPU
+  (issue P1-2, "Beyond the paper"): small starting batches (n_g⁰ = 16, n_h⁰ = 8, N₀ = 16) that
+  the paper's own adaptation rules (jackknife, Inequalities 11/13) grow when the noise demands
+  it, up to r ≤ 64 and N ≤ 1024, δ₀ = 1, plus the norm test of Byrd, Chin, Nocedal & Wu (2012)
+  in the batch rule (``norm_test``, see :func:`~stanvi.optim.jackknife.update_replication`),
+  the stopping rule below and the certifying refinement (the ``default`` of issues P2-1 to
+  T3-1).
 * ``reference_code``: the authors' code's rules (#reference-code), for ablations: ratio acceptance
   ρ = ℓ'/m' ≥ η without the λ-test, a warm-up that accepts nothing until δ has grown and
   shrunk once (with unlimited Hessian reuse meanwhile), δ doubled when ρ ≥ η and ‖s‖ > 0.7δ
@@ -39,7 +44,7 @@ Profiles (``PROFILES``):
 
 Stopping rule (#trustvi-stopping: the paper defines none beyond δ < δ_min and the iteration cap):
 ``converged`` when δ < δ_min (every step of useful size is being rejected); when ``tol_model``
-is set (default profile), when the quadratic model's *Newton step* predicts less than
+is set (stochastic profile), when the quadratic model's *Newton step* predicts less than
 ``tol_model`` nats of gain on ``tol_model_iters`` consecutive iterations — m' for an interior
 solve, the Newton gain over the solver's Krylov subspace for a boundary solve
 (:func:`~stanvi.optim.trust_region.newton_gain`), never the radius-limited gain, so a radius that collapsed after
@@ -341,8 +346,10 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     trace.record(0, params, ledger, delta=o.delta0)
     counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0, "rejected_failure": 0}
     if o.sample == "fixed":
+        start_elbo = start_info.get("laplace_elbo" if start_info.get("warm_start") == "laplace"
+                                    else "default_elbo")
         status, message, params, info = run_fixed(o, est, family, key, ledger, trace, params,
-                                                  alternatives, context, counts)
+                                                  alternatives, context, counts, start_elbo)
         info = {**counts, **start_info, **info}
         status, message = honest_outcome(target, family, params, key, status, message, counts,
                                          info, ledger)

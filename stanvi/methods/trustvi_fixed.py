@@ -51,14 +51,15 @@ from stanvi.methods.base import OracleLedger, StepOutcome, purpose_key
 from stanvi.methods.checks import divergence
 from stanvi.methods.trustvi_options import Options
 from stanvi.optim.gltr import solve_gltr, truncated
+from stanvi.optim.trust_region import NEWTON_RADIUS
 
-#: "No trust region" for a Newton solve, in q-sd units of the Fisher metric: a step longer than
-#: this is not a Newton step of any posterior (and δ² stays far from overflow, unlike 1e300).
-NEWTON_RADIUS = 1e8
 #: Accept a step when the fixed-sample ELBO rises by at least this fraction of the prediction.
 ACCEPT_RATIO = 0.1
 #: The fixed-sample Newton gain that counts as solved, as a fraction of the certification bound.
 INNER_FRACTION = 0.1
+#: Samples in a row (N, 2N, 4N) at whose optimum the ELBO's model is not concave before the run
+#: ends "not certified" (a funnel's may become concave as N grows; a kinked one does not).
+NOT_CONCAVE_STAGES = 3
 #: Poor model predictions (ρ outside (1/2, 2), or an interior step with ρ < 1/4) after which
 #: the Stein model gives way to Hessian-vector products for the rest of the fit.
 POOR_MODEL_STEPS = 3
@@ -211,7 +212,9 @@ def _count_poor(setup: FixedSetup, state: FixedState, poor: bool) -> FixedState:
     """Count a poor model step; after ``POOR_MODEL_STEPS`` of them the Stein model gives way to
     Hessian-vector products (the draws' Hessians vary too much for one Ĥ to stand for them)."""
     poor_steps = state.poor_steps + 1 if poor else state.poor_steps
-    if state.hessian == "stein" and poor_steps >= POOR_MODEL_STEPS:
+    # (an exploratory run keeps the Stein model: it costs no model evaluation)
+    if (state.hessian == "stein" and poor_steps >= POOR_MODEL_STEPS
+            and setup.explore_floor is None):
         setup.info["hessian_switch"] = setup.info.get("hessian_switch", 0) + 1
         return state._replace(hessian="hvp", poor_steps=0)
     return state._replace(poor_steps=poor_steps)
@@ -284,11 +287,11 @@ def certify(setup: FixedSetup, state: FixedState, k: int, scale: np.ndarray, op,
             f"certified on {n} fresh draws: the Newton step from the optimum of {n} fixed draws "
             f"gains {gain:.2g} nats (tolerance {tol_cert:.2g})")))
     not_concave = state.not_concave + 1 if not concave else 0
-    if not_concave >= 2:
+    if not_concave >= NOT_CONCAVE_STAGES:
         return StepOutcome(state, row, ("max_iters", (
             f"not certified: the model of the ELBO is not concave at the fixed-sample optimum "
-            f"on {n // 2} and on {n} draws (a kinked or multimodal objective, or a q at the "
-            "edge of the model's support)")))
+            f"on {n >> (NOT_CONCAVE_STAGES - 1)} to {n} draws (a kinked or multimodal "
+            "objective, or a q at the edge of the model's support)")))
     if 2 * n > o.fixed_n_max:
         if gain <= o.certify_gap:
             return StepOutcome(done, row, ("converged", (

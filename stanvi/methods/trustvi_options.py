@@ -74,6 +74,7 @@ class Options:
     fixed_stage_iters: int = 50       # ... iterations on one sample before certifying anyway [C]
     second_start_iters: int = 30      # exploratory run from the other start (0: none) [C]
     second_start_draws: int = 16      # ... its fixed sample [C]
+    second_start_trigger: float = 1.0  # ... when the optimum is this many nats above its start [C]
     fixed_krylov_tol: float = 1e-2    # ... GLTR relative residual of a step [C]
     certify_krylov_tol: float = 1e-3  # ... GLTR relative residual of the certifying solve [C]
     certify_gap: float = 0.1          # ... certified within this many nats [C]

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import numpy as np
 
 from stanvi.optim.dense_tr import solve_dense_tr
-from stanvi.optim.trust_region import (TRResult, non_finite_result, validated_problem,
-                                       zero_step_result)
+from stanvi.optim.trust_region import (NEWTON_RADIUS, TRResult, non_finite_result,
+                                       validated_problem, zero_step_result)
 
 __all__ = ["krylov_limit", "solve_gltr", "solve_subspace_reuse", "truncated"]
 
@@ -245,7 +245,8 @@ def certified_newton_gain(hvp, c: np.ndarray, tol: float,
     the noise of the gradient, which near the optimum of an ill-conditioned model stays near a
     nat however long the run, while the cross term of two independent halves is unbiased for
     ½∇ᵀB⁻¹∇ (it can be negative; it then counts as small)."""
-    sol = solve_gltr(hvp, c, 1e300, tol_interior=tol, tol_boundary=tol, max_krylov=len(c))
+    sol = solve_gltr(hvp, c, NEWTON_RADIUS, tol_interior=tol, tol_boundary=tol,
+                     max_krylov=len(c))
     if (sol.status == "non_finite" or sol.on_boundary or not np.isfinite(sol.q_value)
             or truncated(sol, len(c))):  # a solve cut short by the Krylov memory bound
         return float("inf"), sol.n_hvp

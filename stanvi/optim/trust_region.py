@@ -17,6 +17,13 @@ import numpy as np
 from stanvi.optim.dense_tr import solve_dense_tr
 
 
+#: The radius of a solve that wants the Newton step itself ("no trust region"): far beyond any
+#: step of a posterior in q-sd or parameter units, and with δ² (1e24) far from overflow — a
+#: radius of 1e300 made the dense solver's products overflow ("RuntimeWarning: overflow
+#: encountered in dot" on 5 of 15 public models, issue T3-1).
+NEWTON_RADIUS = 1e12
+
+
 class TRResult(NamedTuple):
     """Approximate solution of ``min q(s) = cᵀs + ½ sᵀBs`` s.t. ``‖s‖ ≤ δ``
     (docs/algorithms.md#trust-region-subproblem).
