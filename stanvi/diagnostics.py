@@ -74,7 +74,7 @@ from stanvi.psis import MIN_DRAWS, importance_ess, psis, resample_indices
 # Re-exported from their own modules, as they were defined here before and callers and tests
 # import them from this one.
 from stanvi.diagnostic_draws import DIAG_MAX_DRAWS, DIAG_MIN_DRAWS, DIAG_WORK  # noqa: F401
-from stanvi.diagnostic_draws import _affine_map, _cholesky, diagnostic_draw_count  # noqa: F401
+from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: F401
 from stanvi.psis import _logsumexp, gpdfit, psislw, tail_draws  # noqa: F401
 
 VERDICTS = ("good", "use with care", "unreliable")

@@ -91,5 +91,6 @@ class HostElboEstimator:
     def log_p_and_q(self, params, eps, *, bucketed: bool = True
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Draws z, log p(z) and log q(z) (output draws, importance ratios)."""
-        z = self.family.sample_np(params, np.asarray(eps, dtype=float))
-        return z, self._log_p(z), self.family.log_q_np(params, z)
+        eps = np.asarray(eps, dtype=float)
+        z = self.family.sample_np(params, eps)
+        return z, self._log_p(z), self.family.log_q_eps_np(params, eps)

@@ -58,11 +58,10 @@ class MeanFieldHostMath:
         """H(q) = D/2 (1 + log 2π) + Σ ω."""
         return 0.5 * self.dim * (1.0 + _LOG_2PI) + float(np.sum(np.asarray(params)[self.dim:]))
 
-    def log_q_np(self, params, z: np.ndarray) -> np.ndarray:
-        """log q(z) per row of z (n, D), normalized."""
-        mu, sigma = self._mu_sigma(params)
-        e = (np.asarray(z, dtype=float) - mu) / sigma
-        return (-0.5 * np.einsum("ij,ij->i", e, e) - float(np.sum(np.log(sigma)))
+    def log_q_eps_np(self, params, eps: np.ndarray) -> np.ndarray:
+        """log q(z) at the draws z = μ + σ ⊙ ε of ``eps`` (n, D): log φ(ε) − Σ ω."""
+        eps = np.asarray(eps, dtype=float)
+        return (-0.5 * np.einsum("ij,ij->i", eps, eps) - float(np.sum(np.asarray(params)[self.dim:]))
                 - 0.5 * self.dim * _LOG_2PI)
 
     def entropy_grad_np(self, params) -> np.ndarray:
@@ -161,15 +160,12 @@ class FullRankHostMath:
         """H(q) = D/2 (1 + log 2π) + Σ log|L_dd|."""
         return 0.5 * self.dim * (1.0 + _LOG_2PI) + float(np.sum(self._log_abs_diag_np(params)))
 
-    def log_q_np(self, params, z: np.ndarray) -> np.ndarray:
-        """log q(z) per row of z (n, D), normalized."""
-        import scipy.linalg  # noqa: PLC0415 (only output draws need it)
-
-        L = self.lower_factor(params)
-        diff = (np.asarray(z, dtype=float) - np.asarray(params, dtype=float)[: self.dim]).T
-        e = scipy.linalg.solve_triangular(L, diff, lower=True).T
-        return (-0.5 * np.einsum("ij,ij->i", e, e) - float(np.sum(self._log_abs_diag_np(params)))
-                - 0.5 * self.dim * _LOG_2PI)
+    def log_q_eps_np(self, params, eps: np.ndarray) -> np.ndarray:
+        """log q(z) at the draws z = μ + L ε of ``eps`` (n, D): log φ(ε) − Σ log|L_dd| (no
+        triangular solve, and no SciPy import on a first fit)."""
+        eps = np.asarray(eps, dtype=float)
+        return (-0.5 * np.einsum("ij,ij->i", eps, eps)
+                - float(np.sum(self._log_abs_diag_np(params))) - 0.5 * self.dim * _LOG_2PI)
 
     def entropy_grad_np(self, params) -> np.ndarray:
         """∇_λ H: 1 at the log diagonal, 1/L_dd at Stan's (0 where L_dd = 0), 0 elsewhere."""
