@@ -94,18 +94,22 @@ def _bimodal():
     return JaxTarget(lp, 1)
 
 
-def _run(first: float, other: float):
+def _run(first: float, other: float | None = None, random_init: float = 0.0,
+         second_path: bool = False):
     target = _bimodal()
     family = MeanField(1)
     est = ElboEstimator(family, target.jax_log_density)
     ledger = OracleLedger()
-    context = RunContext(init_mu=None, random_init_mu=np.zeros(1), max_oracle_calls=None,
-                         estimator=est, progress=IterationProgress("trustvi", enabled=False))
-    info = {}
-    status, message, params, info = run_fixed(
-        DEFAULT, est, family, make_key(0, host=False), ledger,
-        Trace(), np.array([first, math.log(0.5)]), [np.array([other, math.log(0.5)])], context)
-    return status, message, params, info
+    context = RunContext(init_mu=None, random_init_mu=np.array([random_init]),
+                         max_oracle_calls=None, estimator=est,
+                         progress=IterationProgress("trustvi", enabled=False))
+    alternatives = [] if other is None else [np.array([other, math.log(0.5)])]
+    start = np.array([first, math.log(0.5)])
+    # start_elbo None: the exploratory run is made; a start ELBO at the first optimum's: not
+    start_elbo = None if not second_path else 1e9
+    return run_fixed(DEFAULT, est, family, make_key(0, host=False), ledger, Trace(), start,
+                     alternatives, context, start_elbo=start_elbo,
+                     target=target if second_path else None)
 
 
 def test_second_start_continues_from_a_higher_optimum():
@@ -114,7 +118,17 @@ def test_second_start_continues_from_a_higher_optimum():
     assert abs(params[0] - 3.0) < 0.05, params
     assert info["second_start_used"]
     assert info["second_start_gap"] == pytest.approx(math.log(9), abs=0.3)
-    assert "a local one" in message
+    assert "exploratory run" in message and "a local one" in message
+
+
+def test_second_lbfgs_path_from_the_random_init_finds_the_higher_optimum():
+    """The first run certifies the lower mode; L-BFGS from Stan's random initialization (here
+    placed in the other basin) finds the higher one, and the fit continues from it."""
+    status, message, params, info = _run(first=-3.0, random_init=2.0, second_path=True)
+    assert status == "converged"
+    assert abs(params[0] - 3.0) < 0.05, params
+    assert info["second_path"] and info["second_start_used"]
+    assert "second L-BFGS path" in message and "a local one" in message
 
 
 def test_second_start_in_the_same_basin_changes_nothing():
@@ -123,3 +137,5 @@ def test_second_start_in_the_same_basin_changes_nothing():
     assert abs(params[0] - 3.0) < 0.05
     assert "second start" not in message
     assert abs(info["second_start_gap"]) < 0.1
+    status, message, params, info = _run(first=3.0, random_init=1.0, second_path=True)
+    assert abs(params[0] - 3.0) < 0.05 and "second start" not in message

@@ -349,7 +349,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         start_elbo = start_info.get("laplace_elbo" if start_info.get("warm_start") == "laplace"
                                     else "default_elbo")
         status, message, params, info = run_fixed(o, est, family, key, ledger, trace, params,
-                                                  alternatives, context, counts, start_elbo)
+                                                  alternatives, context, counts, start_elbo,
+                                                  target)
         info = {**counts, **start_info, **info}
         status, message = honest_outcome(target, family, params, key, status, message, counts,
                                          info, ledger)

@@ -1,26 +1,30 @@
-"""The fixed-sample TrustVI run and its check against a second, independent start
+"""The fixed-sample TrustVI run and its checks against independent starts
 (docs/algorithms.md#second-start, issue T3-1 target 5).
 
-A Newton certificate is local: on example-models' mvn_orange the Laplace warm start's basin ends
-51 nats below the optimum ADVI finds, on stagnant 12 nats, on posteriordb's hmm_drive_0
-(full rank) 60.  When the run certifies an optimum λ₁ whose ELBO is more than
-``second_start_trigger`` nats above its start's (the posterior is not the Gaussian its mode
-suggests, so the mode's basin need not hold the best q; on 40 of 46 posteriordb posteriors the
-Laplace start is within a nat of the optimum and nothing more is done), or whose start's ELBO
-is unknown, a cheap *exploratory* run climbs from the other start — the method's own initial q when the
-Laplace start was used (the start ADVI and Stan's initialization use), or the Laplace start
-when it lost the warm start's comparison, or Stan's random initialization when there was none —
-on a small fixed sample (``second_start_draws``), with the Stein model and no certification
-(:func:`stanvi.methods.trustvi_fixed.step` with ``explore_floor``).  It stops after
-``second_start_iters`` iterations, when its own fixed-sample problem is solved, or as soon as
-its quadratic model predicts that it stays below λ₁'s ELBO less 2 nats (ELBO + 2·gain < floor).
+A Newton certificate is local: on posteriordb's hmm_drive_0 the Laplace warm start from the zero
+initialization lands in a mode 60 nats below the one Stan's ADVI and Pathfinder find; on
+example-models' mvn_orange TrustVI ends 51 nats below ADVI.  After the run certifies an optimum
+λ₁, two candidates are tried:
 
-Both q's are then compared on ``COMPARE_DRAWS`` common fresh draws.  When the second is higher
-by more than 1 nat plus twice the standard error of the paired difference, the fixed-sample run
-starts again from it, certifies its own optimum, and the better of the two certified optima
-(on the common draws) is the result; the message says so, with the figures.  Otherwise the
+1. a second L-BFGS path from Stan's random initialization (Pathfinder's start), whose Laplace q
+   is a candidate when its ELBO on 64 draws beats λ₁'s (:func:`_second_path`);
+2. when that found nothing and the certified optimum's fixed-sample ELBO is more than
+   ``second_start_trigger`` nats above its start's (the posterior is not the Gaussian its mode
+   suggests, so the mode's basin need not hold the best q; on 40 of 46 posteriordb posteriors the
+   Laplace start is within a nat of the optimum), or the start's ELBO is unknown, an
+   *exploratory* run from the other start — the method's own initial q when the Laplace start
+   was used, the Laplace start when it lost the warm start's comparison, Stan's random
+   initialization when there was none — on ``second_start_draws`` fixed draws, with the Stein
+   model and no certification (:func:`stanvi.methods.trustvi_fixed.step` with
+   ``explore_floor``), stopped after ``second_start_iters`` iterations, when its own problem is
+   solved, or as soon as its model predicts that it stays 2 nats below λ₁ (ELBO + 2·gain < floor).
+
+A candidate is compared with λ₁ on ``COMPARE_DRAWS`` common fresh draws.  When it is higher by
+more than 1 nat plus twice the standard error of the paired difference, the fixed-sample run
+starts again from it, certifies its own optimum, and the better of the two certified optima (on
+the common draws) is the result; the message says so, with the figures.  Otherwise the
 comparison is recorded in ``info`` (``second_start_gap``: ELBO₂ − ELBO₁) and the result is λ₁.
-Every evaluation is charged to the fit's ledger and its iterations continue the trace
+Every evaluation is charged to the fit's ledger and the exploratory iterations continue the trace
 (``phase`` 'second_start').
 """
 
@@ -34,6 +38,7 @@ from stanvi.estimators.elbo import GradientFailure, standard_normal
 from stanvi.methods import trustvi_fixed
 from stanvi.methods.base import OracleLedger, RunContext, Trace, iterate, purpose_key
 from stanvi.methods.trustvi_options import Options
+from stanvi.methods.warm_start import laplace_start
 
 #: Common fresh draws on which the two starts' ELBOs are compared.
 COMPARE_DRAWS = 256
@@ -43,13 +48,14 @@ MARGIN = 1.0
 
 def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
               params: np.ndarray, alternatives: list, context: RunContext,
-              counts: dict | None = None, start_elbo: float | None = None
+              counts: dict | None = None, start_elbo: float | None = None, target=None
               ) -> tuple[str, str, np.ndarray, dict]:
-    """The fixed-sample iterations, their certification and the second-start check, on the
+    """The fixed-sample iterations, their certification and the second-start checks, on the
     shared loop; returns (status, message, params, info).  ``counts`` (accepted and rejected
     steps, as :func:`stanvi.methods.checks.honest_outcome` reads them) is updated;
     ``start_elbo``: the warm start's ELBO estimate at ``params`` (None: unknown), which decides
-    whether the second start runs (module docstring)."""
+    whether the exploratory run is made; ``target``: for the second L-BFGS path (module
+    docstring)."""
     info: dict = {}
     if counts is None:
         counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0,
@@ -58,33 +64,53 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
     status, message, first, first_elbo, k = _certified_run(setup, params, 0, trace, context)
     if status != "converged" or not o.second_start_iters:
         return status, message, first, info
+    candidate, where = None, ""
+    if target is not None:
+        candidate = _second_path(setup, target, first, context)
+        where = "a second L-BFGS path, from Stan's random initialization"
     climbed = first_elbo - start_elbo if start_elbo is not None else np.inf
     info["second_start_climb"] = climbed
-    if climbed <= o.second_start_trigger:
+    gap = se = -np.inf
+    if candidate is not None:
+        gap, se = _paired_gap(est, family, candidate, first, key, ledger)
+    if not gap > MARGIN + 2.0 * se and climbed > o.second_start_trigger:
+        if alternatives:
+            other, where = alternatives[0], "the start the warm start did not choose"
+        else:
+            other = family.initial_params(context.random_init_mu, o.log_scale0)
+            where = "Stan's random initialization"
+        candidate, k = _explore(setup, other, first_elbo - 2.0 * MARGIN, k, trace, context)
+        where = f"an exploratory run from {where}"
+        if candidate is not None:
+            gap, se = _paired_gap(est, family, candidate, first, key, ledger)
+    if np.isfinite(gap):
+        info.update(second_start_gap=gap, second_start_gap_se=se)
+    if candidate is None or not gap > MARGIN + 2.0 * se:
         return status, message, first, info
-    if alternatives:
-        other, where = alternatives[0], "the start the warm start did not choose"
-    else:
-        other = family.initial_params(context.random_init_mu, o.log_scale0)
-        where = "Stan's random initialization"
-    explored, k = _explore(setup, other, first_elbo - 2.0 * MARGIN, k, trace, context)
-    if explored is None:
-        return status, message, first, info
-    gap, se = _paired_gap(est, family, explored, first, key, ledger)
-    info.update(second_start_gap=gap, second_start_gap_se=se)
-    if not gap > MARGIN + 2.0 * se:
-        return status, message, first, info
-    status2, message2, second, _, k = _certified_run(setup, explored, k, trace, context)
+    status2, message2, second, _, k = _certified_run(setup, candidate, k, trace, context)
     final_gap, _ = _paired_gap(est, family, second, first, key, ledger)
     info.update(second_start_final_gap=final_gap, second_start_used=final_gap > 0)
-    found = (f"a second start (an exploratory run from {where}) reached an ELBO "
-             f"{gap:.3g} ± {se:.2g} nats above the first certified optimum")
+    found = (f"a second start ({where}) reached an ELBO {gap:.3g} ± {se:.2g} nats above the "
+             f"first certified optimum")
     if final_gap <= 0:
         return status, (f"{message}; {found}, but its own run ended {-final_gap:.3g} nats "
                         f"lower ({message2}): the first optimum is kept"), first, info
     return status2, (f"{message2}; {found}: the fit continued from it and ends "
                      f"{final_gap:.3g} nats above the first optimum, a local one "
                      f"({message})"), second, info
+
+
+def _second_path(setup, target, first: np.ndarray, context: RunContext) -> np.ndarray | None:
+    """The Laplace start of an L-BFGS path from Stan's random initialization (Pathfinder's
+    start, Zhang et al. 2022), when its ELBO estimate on 64 draws beats the first certified
+    optimum's; else None."""
+    o, family = setup.o, setup.family
+    found: list = []
+    params, record = laplace_start(target, family, setup.est, context.random_init_mu, first,
+                                   key=purpose_key(setup.key, 1, "init"), ledger=setup.ledger,
+                                   log_scale0=o.log_scale0, alternatives=found)
+    setup.info["second_path"] = record.get("warm_start") == "laplace"
+    return params if record.get("warm_start") == "laplace" else None
 
 
 def _certified_run(setup, params: np.ndarray, k0: int, trace: Trace, context: RunContext
