@@ -23,6 +23,7 @@ from stanvi.errors import DivergedError, NotConvergedError, NotConvergedWarning,
 from stanvi.estimators.base import estimator_for
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.estimators.keys import fold_in, make_key
+from stanvi.methods.checks import MAX_ABS_MEAN
 from stanvi.families import make_family
 from stanvi.methods import GP_METHODS, get_method, make_options
 from stanvi.methods.base import MethodResult, RunContext, Trace, purpose_key
@@ -385,16 +386,36 @@ def _check_arguments(draws, max_oracle_calls) -> None:
 
 
 def _check_init(target: Target, init_mu: np.ndarray | None) -> None:
-    """An initial point with non-finite unconstrained coordinates is the user's input, not the
-    model's failure: name the coordinates."""
-    if init_mu is None or np.all(np.isfinite(init_mu)):
+    """An unusable initial point is the user's input, not the model's failure (issue T3-2 item
+    11: ``init=[1e300, 1e300]`` was reported as "the posterior may be improper"): name the
+    coordinates that are not finite or beyond 1e15 (no posterior mean of a Stan model is; it is
+    where a method's divergence check stops a run), and refuse a point where the model's log
+    density is not finite, with the model's message (one evaluation, before the fit's own)."""
+    if init_mu is None:
         return
     names = list(getattr(target, "unconstrained_names", []) or [])
+
+    def labels(bad: np.ndarray) -> str:
+        named = [names[i] if i < len(names) else f"coordinate {i + 1}" for i in bad[:5]]
+        return ", ".join(named) + (" ..." if len(bad) > 5 else "")
+
     bad = np.flatnonzero(~np.isfinite(init_mu))
-    labels = [names[i] if i < len(names) else f"coordinate {i + 1}" for i in bad[:5]]
-    raise ValueError(f"init has non-finite unconstrained values at {', '.join(labels)}"
-                     f"{' ...' if len(bad) > 5 else ''} (a value on a constraint's boundary, "
-                     f"e.g. 0 for <lower=0>, maps to -inf; or NaN given directly)")
+    if bad.size:
+        raise ValueError(f"init has non-finite unconstrained values at {labels(bad)} (a value "
+                         f"on a constraint's boundary, e.g. 0 for <lower=0>, maps to -inf; or "
+                         f"NaN given directly)")
+    huge = np.flatnonzero(np.abs(init_mu) > MAX_ABS_MEAN)
+    if huge.size:
+        raise ValueError(f"init is unusable: its unconstrained values at {labels(huge)} exceed "
+                         f"{MAX_ABS_MEAN:g} in magnitude (at most {np.max(np.abs(init_mu)):.3g} "
+                         f"given); give a point where the posterior has mass, or init=None")
+    if hasattr(target, "log_density") and hasattr(target, "counter"):
+        # (before the fit's evaluations are counted: fit() snapshots the counter later)
+        res = target.log_density(np.asarray(init_mu, dtype=float)[None, :])
+        if not (res.ok is None or bool(res.ok[0])) or not np.isfinite(res.log_density[0]):
+            why = (res.messages or {}).get(0) or "the log density is not finite there"
+            raise ValueError(f"init is unusable: the model's log density at the initial point "
+                             f"is not finite ({why})")
 
 
 def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.ndarray]:

@@ -350,3 +350,13 @@ def test_summary_table_leaves_non_finite_draws_out():
     assert table.loc["one", "mean"] == 2.5 and np.isnan(table.loc["one", "sd"])
     with pytest.raises(ValueError, match="percentiles"):
         summary_table({"a": a}, percentiles=(5, 150))
+
+
+def test_an_unusable_init_is_named_not_called_improper(eight_schools):
+    """Issue T3-2 item 11: init=[1e300, ...] was reported as "the posterior may be improper"
+    after a fit; now refused before it, naming the cause."""
+    with pytest.raises(ValueError, match="init is unusable: its unconstrained values at mu"):
+        stanvi.fit(eight_schools, init=[1e300] * eight_schools.dim, progress=False)
+    # finite and small enough, but where the model's density is not finite
+    with pytest.raises(ValueError, match="log density at the initial point is not finite"):
+        stanvi.fit(eight_schools, init=[1e10] * eight_schools.dim, progress=False)

@@ -356,3 +356,23 @@ def test_toolchain_found_normally(all_compiled):
     assert tc.stanc.is_file()
     assert (tc.include_dir / "stan" / "model" / "model_header.hpp").is_file()
     assert "stanc" in tc.stanc_version.lower()
+
+
+def test_a_library_or_a_zip_given_as_program_or_data_is_named(tmp_path):
+    """A compiled library passed where a .stan program is expected, and a zipped data file, were
+    a raw UnicodeDecodeError; now a StanCompileError / StanDataError saying what the file is."""
+    import zipfile
+
+    from stanvi.errors import StanCompileError, StanDataError
+    from stanvi.stan.compiler import compile_model
+    from stanvi.stan.data import data_to_json
+
+    lib = tmp_path / "model.so"
+    lib.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 4)
+    with pytest.raises(StanCompileError, match="compiled model library"):
+        compile_model(lib, progress=False)
+    zipped = tmp_path / "data.json.zip"
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("data.json", '{"N": 1}')
+    with pytest.raises(StanDataError, match="zip archive"):
+        data_to_json(zipped)

@@ -117,7 +117,14 @@ def _read_program(model: str | os.PathLike) -> tuple[str, str | None]:
         p = Path(text)
         if not p.is_file():
             raise FileNotFoundError(f"Stan file not found: {p}")
-        return p.read_text(), str(p)
+        try:
+            return p.read_text(encoding="utf-8"), str(p)
+        except UnicodeDecodeError:
+            hint = (" (a compiled model library: load it with stanvi.load_model or pass it to "
+                    "stanvi.fit, which accept libraries)" if p.suffix in (".so", ".dylib", ".dll")
+                    or p.read_bytes()[:4] == b"\x7fELF" else "")
+            raise StanCompileError(f"{p} is not a Stan program: it is not UTF-8 text{hint}",
+                                   path=str(p)) from None
     if "{" in text:
         return text, None
     raise FileNotFoundError(f"Stan file not found: {text}")

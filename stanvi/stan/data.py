@@ -34,7 +34,13 @@ def data_to_json(data: DataLike) -> str:
         path = Path(data)
         if not path.is_file():
             raise StanDataError(f"data file not found: {path}")
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            zipped = " (a zip archive: unpack it, or read it with stanvi.batch.posteriordb." \
+                "read_zipped_json)" if path.read_bytes()[:2] == b"PK" else ""
+            raise StanDataError(f"{path} is not a JSON text file: it is not UTF-8{zipped}") \
+                from None
         source = str(path)
     else:
         text, source = str(data), "the data string"
