@@ -92,6 +92,10 @@ def configure() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME_SECS)
         return
     try:
+        from stanvi.stan.cache import writable  # noqa: PLC0415
+
+        if not writable(default_cache_dir()):
+            raise PermissionError("read-only cache")   # a read-only site cache: no JAX cache
         set_persistent_cache(True)
     except OSError:  # an unwritable cache root: fits still work, they just compile
         set_persistent_cache(False)

@@ -287,8 +287,37 @@ def test_cache_dir_check_names_the_directory(tmp_path, monkeypatch):
     assert isinstance(info.value, PermissionError)  # optional users of the cache still cope
     monkeypatch.setattr(cache.os, "access", lambda *a: False)
     monkeypatch.setenv("STANVI_CACHE_DIR", str(tmp_path / "ok"))
+    root = cache.cache_root()   # a read-only root is usable for what is built there ...
+    with pytest.raises(CacheDirError, match="not writable"):   # ... a build needs to write
+        cache.lock_for(root / "toolchain", "model")
+
+
+def test_a_read_only_cache_that_holds_the_model_is_used(tmp_path, monkeypatch):
+    """Issue T3-2 item 8: a read-only cache that already holds the built model was refused
+    (CacheDirError); read-only site caches are common on clusters.  A cache with the model is
+    used; building something new there is the clear CacheDirError."""
+    import shutil  # noqa: PLC0415
+
+    from conftest import MODELS_DIR  # noqa: PLC0415
+    from stanvi.errors import CacheDirError  # noqa: PLC0415
+    from stanvi.stan import cache  # noqa: PLC0415
+    from stanvi.stan.compiler import compile_model  # noqa: PLC0415
+
+    built = compile_model(MODELS_DIR / "bernoulli" / "bernoulli.stan", progress=False)
+    entry = built.library.parent                    # <root>/<toolchain>/models/<entry>
+    ro_root = tmp_path / "site-cache"
+    shutil.copytree(entry, ro_root / entry.parent.parent.name / "models" / entry.name)
+    monkeypatch.setenv("STANVI_CACHE_DIR", str(ro_root))
+    # read-only as a non-root user sees it (root's os.access passes everywhere)
+    monkeypatch.setattr(cache, "writable", lambda path: False)
+    found = compile_model(MODELS_DIR / "bernoulli" / "bernoulli.stan", progress=False)
+    assert found.library.parent.parent.parent.parent == ro_root
+    fit = stanvi.fit(found, data=MODELS_DIR / "bernoulli" / "bernoulli.data.json",
+                     progress=False, draws=10)
+    assert fit.converged
     with pytest.raises(CacheDirError, match="not writable"):
-        cache.cache_root()
+        compile_model("parameters { real y; } model { y ~ normal(0, 1); }", name="new_one",
+                      progress=False)
 
 
 def test_cli_interrupt_prints_one_line_and_exits_130(tmp_path):

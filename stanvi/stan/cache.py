@@ -29,28 +29,51 @@ from filelock import FileLock
 from stanvi.errors import CacheDirError
 
 
+_HINT = ("set STANVI_CACHE_DIR to a writable directory (compiled models and the JAX "
+         "compilation cache live there)")
+
+
 def cache_root() -> Path:
-    """The cache root directory (created if needed)."""
+    """The cache root directory (created if needed).  A root that exists but is read-only is
+    returned as it is: the models already built there are found and loaded (a read-only site
+    cache on a cluster; issue T3-2 item 8); only a build needs to write
+    (:func:`require_writable`, called by :func:`lock_for`)."""
     env = os.environ.get("STANVI_CACHE_DIR")
     if env:
         root = Path(env)
     else:
         base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         root = Path(base) / "stanvi"
-    hint = ("set STANVI_CACHE_DIR to a writable directory (compiled models and the JAX "
-            "compilation cache live there)")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CacheDirError(f"cannot create the stanvi cache directory {root}: "
-                            f"{exc.strerror or exc}; {hint}") from None
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise CacheDirError(f"the stanvi cache directory {root} is not writable; {hint}")
+    if not root.is_dir():
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheDirError(f"cannot create the stanvi cache directory {root}: "
+                                f"{exc.strerror or exc}; {_HINT}") from None
     return root
 
 
+def writable(path: Path) -> bool:
+    """Whether ``path``, or its nearest existing ancestor where it does not exist yet, can be
+    written to (``os.access``: root passes it everywhere)."""
+    path = Path(path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def require_writable(path: Path) -> None:
+    """Raise :class:`CacheDirError` naming the cache directory and the remedy when ``path``
+    (inside the cache) cannot be written: something must be built there."""
+    if not writable(path):
+        raise CacheDirError(f"the stanvi cache directory {cache_root()} is not writable, and "
+                            f"what is needed is not built there yet; {_HINT}")
+
+
 def lock_for(toolchain_dir: Path, name: str) -> FileLock:
-    """A process- and thread-safe lock for the artifact ``name`` under one toolchain directory."""
+    """A process- and thread-safe lock for the artifact ``name`` under one toolchain directory
+    (a build is about to write there: the directory must be writable)."""
+    require_writable(toolchain_dir)
     locks = toolchain_dir / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     return FileLock(str(locks / f"{name}.lock"))

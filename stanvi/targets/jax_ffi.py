@@ -67,8 +67,10 @@ def _build() -> Path:
         raise RuntimeError(f"jaxlib has no XLA FFI headers under {include_dir}")
     toolchain = find_toolchain()
     directory = cache_root() / "ffi"
-    directory.mkdir(parents=True, exist_ok=True)
     library = directory / f"stanvi_ffi-{_fingerprint(toolchain.cxx_version, include_dir)}.so"
+    if library.is_file():   # built already (the cache may be read-only)
+        return library
+    directory.mkdir(parents=True, exist_ok=True)
     with lock_for(directory, library.stem):
         if not library.is_file():
             tmp = directory / f".{library.stem}.{os.getpid()}.so"
