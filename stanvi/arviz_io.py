@@ -479,6 +479,16 @@ def load_datatree(path):
     from xarray import open_datatree  # noqa: PLC0415
 
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no saved fit at {path}")
+    if path.is_file() and path.stat().st_size == 0:
+        # xarray's own message for this names every backend it tried (issue T3-2 item 9)
+        raise ValueError(f"{path} is empty (0 bytes): not a saved fit; was its writing "
+                         f"interrupted?")
     kwargs = {"engine": "zarr"} if path.is_dir() else {}
-    with open_datatree(path, **kwargs) as tree:
-        return tree.load()
+    try:
+        with open_datatree(path, **kwargs) as tree:
+            return tree.load()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable saved fit (NetCDF or Zarr): "
+                         f"{type(exc).__name__}: {exc}") from exc

@@ -93,6 +93,20 @@ class DivergedError(VIError):
         self.method_message = method_message
 
 
+class OutputError(StanviError):
+    """Some of a fit's output files could not be written; the others were.
+
+    Attributes:
+        saved: kind -> path of the files written.
+        failed: kind -> the reason each other file was not written.
+    """
+
+    def __init__(self, message: str, *, saved: dict, failed: dict) -> None:
+        super().__init__(message)
+        self.saved = dict(saved)
+        self.failed = dict(failed)
+
+
 class StanviWarning(UserWarning):
     """Base class of the warnings stanvi issues (filter them with
     ``warnings.filterwarnings("ignore", category=stanvi.StanviWarning)``)."""

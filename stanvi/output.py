@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from stanvi.arviz_io import _jsonable, log_g, mean_row, save_netcdf, save_zarr
+from stanvi.errors import OutputError
 from stanvi.stan.names import element_labels
 
 STAN_COLUMNS = ("lp__", "log_p__", "log_g__")
@@ -252,6 +253,19 @@ def output_paths(directory, base: str, *, zarr: bool = False) -> dict[str, Path]
     return paths
 
 
+def _can_create_file(directory: Path) -> bool:
+    """Whether a file can be created (and removed) in ``directory``: tried, not asked of
+    ``os.access``, which says yes to root everywhere (``--output /proc/x`` used to fail only
+    after the fit; issue T3-2 item 10)."""
+    probe = directory / f".stanvi-write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError:
+        return False
+    return True
+
+
 def check_writable(directory, base: str, *, zarr: bool = False, overwrite: bool = False) -> None:
     """Raise before any work is done when :func:`save` could not write: ``directory`` is a file
     or not writable (FileExistsError / PermissionError), or (without ``overwrite``) one of the
@@ -263,7 +277,7 @@ def check_writable(directory, base: str, *, zarr: bool = False, overwrite: bool 
     probe = directory
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+    if not probe.is_dir() or not _can_create_file(probe):
         raise PermissionError(f"cannot write to {directory}: {probe} is not a writable "
                               f"directory")
     if not overwrite:
@@ -295,10 +309,35 @@ def save(fit, directory, *, basename: str | None = None, zarr: bool = False,
     tree = fit.to_arviz(**(tree_kwargs or {}))  # first: it validates tree_kwargs
     directory.mkdir(parents=True, exist_ok=True)
     paths = output_paths(directory, base, zarr=zarr)
-    write_csv(fit, paths["csv"], data_file=data_file)
-    save_netcdf(tree, paths["netcdf"])
-    if zarr:
-        save_zarr(tree, paths["zarr"])
-    fit.summary().to_csv(paths["summary"])
-    paths["diagnostics"].write_text(str(fit.diagnostics()) + "\n")
+    writers = {"csv": lambda p: write_csv(fit, p, data_file=data_file),
+               "netcdf": lambda p: save_netcdf(tree, p),
+               "zarr": lambda p: save_zarr(tree, p),
+               "summary": lambda p: fit.summary().to_csv(p),
+               "diagnostics": lambda p: p.write_text(str(fit.diagnostics()) + "\n")}
+    failed: dict[str, str] = {}
+    for kind, path in paths.items():
+        # each file on its own: one that cannot be written (a 1,000-character variable name
+        # exceeds NetCDF's NC_MAX_NAME) costs that file only (issue T3-2 item 9)
+        try:
+            writers[kind](path)
+        except Exception as exc:  # noqa: BLE001 — the reason goes into the error
+            failed[kind] = f"{type(exc).__name__}: {exc}"
+            _remove_partial(path)
+    if failed:
+        saved = {k: p for k, p in paths.items() if k not in failed}
+        raise OutputError(
+            "could not write " + "; ".join(f"{paths[k].name} ({why})" for k, why in
+                                           failed.items())
+            + (f"; written: {', '.join(p.name for p in saved.values())}" if saved else ""),
+            saved=saved, failed=failed)
     return paths
+
+
+def _remove_partial(path: Path) -> None:
+    """Remove what a failed writer left behind (a file, or a Zarr directory)."""
+    import shutil  # noqa: PLC0415
+
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

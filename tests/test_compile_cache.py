@@ -138,3 +138,16 @@ def test_concurrent_compiles_of_a_new_model():
     t = stanvi.load(a)
     np.testing.assert_allclose(t.log_density_at(np.array([0.0])), normal_lpdf(0.0, -2.0, 2),
                                rtol=1e-14)
+
+
+def test_a_very_long_model_file_name_compiles(tmp_path):
+    """Issue T3-2 item 9: a 240-character file name gave a raw OSError [Errno 36] from the
+    cache's lock file; the name in the cache's paths is cut to MAX_NAME characters."""
+    from stanvi.stan.compiler import MAX_NAME, compile_model
+
+    path = tmp_path / ("m" * 240 + ".stan")
+    path.write_text("parameters { real y; } model { y ~ normal(0, 1); } // long name "
+                    + uuid.uuid4().hex)
+    compiled = compile_model(path, progress=False)
+    assert compiled.library.is_file() and len(compiled.name) == MAX_NAME
+    assert all(len(part) < 200 for part in compiled.library.parts)

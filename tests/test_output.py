@@ -277,3 +277,46 @@ def test_trace_to_pandas_and_short_repr(fit, tmp_path):
     assert back.create_inits(seed=5, chains=3)[1].keys() == {"alpha", "beta", "sigma"}
     np.testing.assert_array_equal(back.trace.to_pandas()["elbo"].to_numpy(),
                                   frame["elbo"].to_numpy())
+
+
+def test_output_that_cannot_be_written_costs_only_its_own_file(tmp_path):
+    """Issue T3-2 item 9: a 300-character parameter name exceeds NetCDF's NC_MAX_NAME; saving
+    used to stop there (a traceback in the CLI, partial output).  Now every other file is
+    written and one OutputError names the file that was not, and why."""
+    from stanvi.errors import OutputError  # noqa: PLC0415
+
+    name = "p" * 300
+    code = f"parameters {{ real {name}; }} model {{ {name} ~ normal(0, 1); }}"
+    fit = stanvi.fit(code, progress=False, draws=20, seed=0)
+    with pytest.raises(OutputError, match=r"could not write .*\.nc") as info:
+        fit.save(tmp_path)
+    assert set(info.value.failed) == {"netcdf"}
+    assert set(info.value.saved) == {"csv", "summary", "diagnostics"}
+    assert all(p.is_file() for p in info.value.saved.values())
+    assert not any(tmp_path.glob("*.nc"))
+
+
+def test_reading_an_empty_file_says_so(tmp_path):
+    empty = tmp_path / "fit.nc"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="is empty"):
+        stanvi.read(empty)
+    junk = tmp_path / "junk.nc"
+    junk.write_bytes(b"not netcdf at all")
+    with pytest.raises(ValueError, match="not a readable saved fit"):
+        stanvi.read(junk)
+
+
+def test_an_unwritable_output_directory_is_found_before_the_fit():
+    """Issue T3-2 item 10: ``--output /proc/x`` (as root, where os.access says yes) failed only
+    after the fit; a file is now created and removed to check."""
+    import os  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from stanvi.output import check_writable  # noqa: PLC0415
+
+    if not Path("/proc/self").exists():
+        pytest.skip("needs Linux's /proc")
+    assert os.access("/proc", os.W_OK) or os.geteuid() != 0
+    with pytest.raises(PermissionError, match="not a writable directory"):
+        check_writable(Path("/proc/x"), "fit")

@@ -111,9 +111,18 @@ def _locked(tc_dir: Path, lock_name: str, shown: str, progress: bool):
         lock.release()
 
 
+def _is_file(text: str) -> bool:
+    """``Path(text).is_file()``, False for a string that cannot be a path (one-line Stan code
+    longer than a file name may be raised OSError [Errno 36])."""
+    try:
+        return Path(text).is_file()
+    except OSError:
+        return False
+
+
 def _read_program(model: str | os.PathLike) -> tuple[str, str | None]:
     text = os.fspath(model)
-    if "\n" not in text and (text.endswith(".stan") or Path(text).is_file()):
+    if "\n" not in text and (text.endswith(".stan") or _is_file(text)):
         p = Path(text)
         if not p.is_file():
             raise FileNotFoundError(f"Stan file not found: {p}")
@@ -130,12 +139,19 @@ def _read_program(model: str | os.PathLike) -> tuple[str, str | None]:
     raise FileNotFoundError(f"Stan file not found: {text}")
 
 
+#: The longest model name used in the cache's file names (a 240-character file stem made the
+#: entry's lock file name exceed the file system's 255 bytes: a raw OSError [Errno 36], issue
+#: T3-2 item 9); the entry's content key still tells models apart.
+MAX_NAME = 80
+
+
 def _model_name(stem: str) -> str:
-    """A valid C++ identifier from a file stem (stanc requires one)."""
+    """A valid C++ identifier from a file stem (stanc requires one), at most ``MAX_NAME``
+    characters (a longer stem is cut, keeping its start)."""
     cleaned = re.sub(r"\W", "_", stem)
     if not cleaned or cleaned[0].isdigit():
         cleaned = "m_" + cleaned
-    return cleaned
+    return cleaned[:MAX_NAME]
 
 
 def _load_record(entry: Path) -> CompiledModel | None:
