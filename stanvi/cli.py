@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stanvi: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError,
-            PermissionError) as exc:
+            PermissionError, ConnectionError) as exc:
         if debug:
             raise
         print(f"stanvi: error: {exc}", file=sys.stderr)

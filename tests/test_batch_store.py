@@ -215,3 +215,58 @@ def test_cli_errors_name_what_is_wrong(tmp_path, capsys):
     assert "unknown option(s) ['no_such'] for advi" in capsys.readouterr().err
     assert main(["batch", str(tmp_path), "--out", str(tmp_path / "r"), "--options", "[1]"]) == 1
     assert "must map method names" in capsys.readouterr().err
+
+
+# ------------------------------------------------------- damaged stores (issue T3-2 items 5-7)
+
+def _record(key: str, model: str = "m", status: str = "converged") -> dict:
+    return {"key": key, "kind": "fit", "model": model, "method": "trustvi", "status": status}
+
+
+@pytest.mark.parametrize("content", [b"", b'{"key": "a", "sta', b"{}", b"null", b"[1, 2]"])
+def test_an_unreadable_record_is_set_aside_and_its_task_runs_again(tmp_path, content):
+    """Item 5: a truncated or empty record counted as done (14 of 16 fits, nothing said of the
+    others); item 7: ``{}`` or ``null`` broke the report.  Such a file is moved aside, named by
+    ``unreadable()``, and its task is not done."""
+    store = RunStore(tmp_path)
+    store.put("fit", "a", _record("a"))
+    store.put("fit", "b", _record("b"))
+    store.path("fit", "b").write_bytes(content)
+    assert store.has("fit", "a") and not store.has("fit", "b")
+    assert [r["key"] for r in store.records("fit")] == ["a"]
+    assert len(store.unreadable()) == 1 and store.unreadable()[0].startswith("fit/b.json")
+    assert not store.path("fit", "b").exists()
+    store.put("fit", "b", _record("b"))   # the task ran again
+    assert store.has("fit", "b")
+
+
+def test_record_files_are_injective_in_the_key(tmp_path):
+    """Item 6: ``x/m`` and ``x_m`` shared one record file; on resume ``x_m``'s fit ran ``x/m``'s
+    library.  Different keys have different files, and a record is its task's only."""
+    store = RunStore(tmp_path)
+    assert store.path("compile", "x/m") != store.path("compile", "x_m")
+    store.put("compile", "x/m", {**_record("x/m", "x/m"), "kind": "compile"})
+    assert not store.has("compile", "x_m")
+    # a store written before the hash suffix: x/m's record under the shared name x_m.json
+    legacy = tmp_path / "records" / "compile" / "x_m.json"
+    store.path("compile", "x/m").rename(legacy)
+    assert store.get("compile", "x/m")["model"] == "x/m"     # still found where it was
+    assert store.get("compile", "x_m") is None               # ... and never taken for x_m's
+
+
+def test_a_garbage_index_is_rebuilt(tmp_path):
+    """Item 7: a garbage index.sqlite ended ``batch`` with sqlite3.DatabaseError, although it is
+    derived data; it is rebuilt from the records."""
+    store = RunStore(tmp_path)
+    store.put("fit", "a", _record("a"))
+    (tmp_path / "index.sqlite").write_bytes(b"this is not a database" * 100)
+    assert [r["key"] for r in store.query("fit")] == ["a"]
+
+
+def test_an_unreachable_scheduler_is_one_line(monkeypatch):
+    """Item 7: ``--scheduler tcp://127.0.0.1:9`` printed an OSError traceback after 30 s."""
+    from stanvi.batch import runner  # noqa: PLC0415
+
+    monkeypatch.setattr(runner, "SCHEDULER_TIMEOUT", 2.0)
+    with pytest.raises(ConnectionError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:9"):
+        runner._client("tcp://127.0.0.1:9", None)

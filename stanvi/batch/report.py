@@ -233,6 +233,12 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
     fits = [r for r in store.records("fit")
             if family is None or r.get("family") in (family, NO_FAMILY)]
     compiles = list(store.records("compile"))
+    unreadable = store.unreadable()   # set aside while reading (issue T3-2 items 5, 7)
+    if unreadable:
+        from stanvi.log import get_logger  # noqa: PLC0415
+
+        get_logger("batch").warning(f"{len(unreadable)} record file(s) could not be read and "
+                                    f"were moved aside: {'; '.join(unreadable[:5])}")
     dims = {c["model"]: c.get("dim") for c in compiles if c.get("dim") is not None}
     grouped = group_runs(fits)
     rows = model_rows(grouped, dims)
@@ -284,6 +290,10 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
         f"Tables: <a href='fits.csv'>fits.csv</a>, "
         f"<a href='models.csv'>models.csv</a>, <a href='protocol.csv'>protocol.csv</a>, "
         f"<a href='compiles.csv'>compiles.csv</a>.</p>",
+        *(() if not unreadable else (
+            f"<p><b>{len(unreadable)} record file(s) could not be read</b> and were moved to "
+            f"<code>records/&lt;kind&gt;/unreadable/</code>; rerun the batch command to run "
+            f"their tasks again: " + "; ".join(html.escape(u) for u in unreadable) + "</p>",)),
         "<h2>Fit outcomes by configuration</h2>", _table(status_rows, status_cols, cls="status"),
         "<h2>The TrustVI paper's protocol</h2><p>Median runs over seeds; a tie is within 1 nat; "
         "ratios are the baseline's oracle calls over TrustVI's to the threshold (the worse "

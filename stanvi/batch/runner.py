@@ -114,10 +114,19 @@ def _client(scheduler: str | None, workers: int | None):
     from distributed import Client, LocalCluster  # noqa: PLC0415
 
     if scheduler:
-        return Client(scheduler), None
+        try:
+            return Client(scheduler, timeout=SCHEDULER_TIMEOUT), None
+        except OSError as exc:   # one line, not Dask's traceback (issue T3-2 item 7)
+            raise ConnectionError(f"cannot reach the Dask scheduler at {scheduler} within "
+                                  f"{SCHEDULER_TIMEOUT:g} s ({exc}); is it running, and is the "
+                                  f"address right?") from None
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
                            processes=True, dashboard_address=":0", silence_logs=40)
     return Client(cluster), cluster
+
+
+#: Seconds to wait for a Dask scheduler given by address.
+SCHEDULER_TIMEOUT = 10.0
 
 
 def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchConfig = BatchConfig(),
@@ -172,6 +181,13 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
     for record in store.records("fit"):
         counts[record.get("status", "?")] = counts.get(record.get("status", "?"), 0) + 1
     store.sync()
+    unreadable = store.unreadable()
+    if unreadable:   # their tasks ran again in this batch (RunStore.get)
+        from stanvi.log import get_logger  # noqa: PLC0415
+
+        get_logger("batch").warning(f"{len(unreadable)} record file(s) could not be read; "
+                                    f"they were moved to records/<kind>/unreadable/ and their "
+                                    f"tasks run again: {'; '.join(unreadable[:5])}")
     return counts
 
 

@@ -19,6 +19,7 @@ locking is not safe over network filesystems; one file per task, renamed into pl
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -34,6 +35,16 @@ __all__ = ["RunStore", "KINDS", "record_json"]
 
 KINDS = ("compile", "fit")
 _SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
+
+
+def file_stem(key: str) -> str:
+    """The record file name of a key (without ``.json``): the key itself where every character
+    is safe, else the key made safe plus ``~`` and 10 hex digits of its SHA-256 (``~`` is
+    never safe, so the two forms cannot meet: the mapping is injective)."""
+    safe = _SAFE.sub("_", key)
+    if safe == key:
+        return key
+    return f"{safe}~{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
 def _json_default(value):
@@ -70,20 +81,68 @@ class RunStore:
     # ------------------------------------------------------------------ records (the truth)
 
     def path(self, kind: str, key: str) -> Path:
+        """The record file of a task: its key where the key is a safe file name, else the key
+        with unsafe characters replaced and a hash of the whole key appended, so that two keys
+        never share a file (``x/m`` and ``x_m`` did, and ``x_m``'s fit ran ``x/m``'s library;
+        issue T3-2 item 6)."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        return self.root / "records" / kind / f"{file_stem(key)}.json"
+
+    def _legacy_path(self, kind: str, key: str) -> Path:
+        """Where stores written before the hash suffix kept the record."""
         return self.root / "records" / kind / f"{_SAFE.sub('_', key)}.json"
 
     def has(self, kind: str, key: str) -> bool:
-        """Whether the task's record exists (the task finished, with any status)."""
-        return self.path(kind, key).is_file()
+        """Whether the task's record exists, is readable and is this task's (the task
+        finished, with any status)."""
+        return self.get(kind, key) is not None
 
     def get(self, kind: str, key: str) -> dict[str, Any] | None:
-        path = self.path(kind, key)
+        """The task's record, or None: none written, one written by another task (an older
+        store's colliding file name), or one that cannot be read — the latter moved aside into
+        ``records/<kind>/unreadable/`` (:meth:`unreadable`) so that the task runs again
+        (a truncated or empty record used to count as done, issue T3-2 item 5)."""
+        for path in (self.path(kind, key), self._legacy_path(kind, key)):
+            if not path.is_file():
+                continue
+            record = self._read(path)
+            if record is None:
+                continue
+            if record.get("key", key) == key:
+                return record
+        return None
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        """A record file's content; an unreadable one (not JSON, not an object, no
+        ``model``) is moved aside and None returned."""
         try:
-            return json.loads(path.read_text())
+            record = json.loads(path.read_text())
         except FileNotFoundError:
             return None
+        except (OSError, ValueError) as exc:
+            return self._set_aside(path, f"not JSON: {exc}")
+        if not isinstance(record, dict) or not record.get("model"):
+            return self._set_aside(path, "not a record (no 'model')")
+        return record
+
+    def _set_aside(self, path: Path, why: str) -> None:
+        aside = path.parent / "unreadable"
+        aside.mkdir(exist_ok=True)
+        try:
+            os.replace(path, aside / path.name)
+        except OSError:
+            pass
+        (aside / (path.name + ".why")).write_text(why + "\n")
+        return None
+
+    def unreadable(self) -> list[str]:
+        """The record files moved aside as unreadable, with why (``kind/name: why``)."""
+        out = []
+        for kind in KINDS:
+            for why in sorted((self.root / "records" / kind / "unreadable").glob("*.why")):
+                out.append(f"{kind}/{why.name[:-len('.why')]}: {why.read_text().strip()}")
+        return out
 
     def put(self, kind: str, key: str, record: dict[str, Any]) -> Path:
         """Write the record atomically (temporary file, fsync, rename); returns its path.  A record
@@ -108,21 +167,37 @@ class RunStore:
         return path
 
     def records(self, kind: str) -> Iterator[dict[str, Any]]:
-        """Every record of a kind, by file name (unreadable files are skipped)."""
+        """Every readable record of a kind, by file name (unreadable ones are moved aside:
+        :meth:`unreadable`)."""
         for path in sorted((self.root / "records" / kind).glob("*.json")):
-            try:
-                yield json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+            record = self._read(path)
+            if record is not None:
+                yield record
 
     # ------------------------------------------------------------------ the index (derived)
 
     def _connect(self) -> sqlite3.Connection:
+        """The index, rebuilt from the records when the file is not an SQLite database (it is
+        derived data: a garbage ``index.sqlite`` ended ``stanvi batch`` with a
+        ``sqlite3.DatabaseError``, issue T3-2 item 7)."""
+        try:
+            return self._open_index()
+        except sqlite3.DatabaseError:
+            for suffix in ("", "-wal", "-shm"):
+                (self.root / f"index.sqlite{suffix}").unlink(missing_ok=True)
+            return self._open_index()
+
+    def _open_index(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.root / "index.sqlite", timeout=30.0)
-        con.execute("PRAGMA journal_mode=WAL")
-        con.execute("PRAGMA synchronous=NORMAL")
-        con.execute("CREATE TABLE IF NOT EXISTS records (kind TEXT, key TEXT, model TEXT, "
-                    "method TEXT, status TEXT, record TEXT, PRIMARY KEY (kind, key))")
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA synchronous=NORMAL")
+            con.execute("CREATE TABLE IF NOT EXISTS records (kind TEXT, key TEXT, model TEXT, "
+                        "method TEXT, status TEXT, record TEXT, PRIMARY KEY (kind, key))")
+            con.execute("SELECT count(*) FROM records").fetchone()
+        except sqlite3.DatabaseError:
+            con.close()
+            raise
         return con
 
     def sync(self) -> int:
@@ -136,9 +211,8 @@ class RunStore:
                     key = path.name[:-len(".json")]
                     if key in known:
                         continue
-                    try:
-                        record = json.loads(path.read_text())
-                    except (OSError, ValueError):
+                    record = self._read(path)
+                    if record is None:
                         continue
                     con.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, ?, ?, ?)",
                                 (kind, key, record.get("model"), record.get("method"),
