@@ -316,6 +316,18 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
                        warnings=warns, khat_se=khat_standard_error(float(k), n),
                        failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out)
 
+def _collapsed_coordinates(fit) -> list[int]:
+    """Unconstrained coordinates along which the fit's output draws do not vary (a spread below
+    1e-12 of their size): where q's scale has collapsed to zero."""
+    z = np.asarray(getattr(fit, "unconstrained_draws", np.zeros((0, 0))), dtype=float)
+    if z.ndim != 2 or z.shape[0] < 2:
+        return []
+    with np.errstate(invalid="ignore"):
+        spread = np.ptp(z, axis=0)
+        size = np.maximum(np.max(np.abs(z), axis=0), 1.0)
+    return [int(i) for i in np.flatnonzero(np.isfinite(spread) & (spread <= 1e-12 * size))]
+
+
 def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
              seed: int | None = None) -> Diagnostics:
     """Diagnostics of a :class:`stanvi.Fit`: k̂, ESS, failed fraction and ELBO from
@@ -331,6 +343,16 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
         lp, lq, msgs = extra
         d = compute(lp, lq, status=fit.status, message=fit.message, method=fit.method,
                     messages=msgs, output_log_ratios=out_r)
+    collapsed = _collapsed_coordinates(fit)
+    if collapsed:
+        # q has (nearly) no spread along some coordinate: its ratios can be constant there,
+        # k̂ = −inf, which said "good" for a q collapsed to a point (issue T3-2 item 4)
+        names = list(getattr(getattr(fit, "target", None), "unconstrained_names", []) or [])
+        labels = [names[i] if i < len(names) else f"coordinate {i + 1}" for i in collapsed[:5]]
+        d.verdict = "unreliable"
+        d.warnings.insert(0, f"q has collapsed to a point in {', '.join(labels)}"
+                             f"{' ...' if len(collapsed) > 5 else ''} (its draws do not vary "
+                             f"there): no posterior is a point, and k-hat cannot judge it")
     if resample and not np.isfinite(d.log_weights).any():
         d.warnings.append("no draw has a finite weight: nothing to resample")
     elif resample:

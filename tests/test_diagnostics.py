@@ -407,3 +407,17 @@ def test_funnel_stays_unreliable_with_the_larger_diagnostic_sample(seed):
     assert d.n_draws >= 4000 and d.khat > d.threshold and d.verdict == "unreliable", str(d)
 
 
+
+
+def test_a_q_collapsed_to_a_point_is_never_good(load_target):
+    """Issue T3-2 item 4: a q with zero scale (MLMCVI's one-component mixture) got k̂ = −inf
+    (constant ratios) and the verdict "good"."""
+    from stanvi.diagnostics import diagnose  # noqa: PLC0415
+
+    fit = stanvi.fit(load_target("bernoulli"), method="trustvi", seed=0, progress=False,
+                     draws=200)
+    assert not any("collapsed" in w for w in diagnose(fit).warnings)
+    fit.unconstrained_draws = np.repeat(fit.unconstrained_draws[:1], 200, axis=0)
+    d = diagnose(fit)
+    assert d.verdict == "unreliable"
+    assert d.warnings[0].startswith("q has collapsed to a point in theta")
