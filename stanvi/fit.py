@@ -418,6 +418,25 @@ def _check_init(target: Target, init_mu: np.ndarray | None) -> None:
                              f"is not finite ({why})")
 
 
+def _check_memory(family, draws: int) -> None:
+    """Refuse a family whose log q at the diagnostic draws would not fit in the memory available
+    (the family's ``peak_bytes``; the mixture's grows with components × draws × D), before any
+    work, with the figures."""
+    if not hasattr(family, "peak_bytes"):
+        return
+    import psutil  # noqa: PLC0415
+
+    from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: PLC0415
+
+    n = diagnostic_draw_count(family.dim, draws)
+    need, have = family.peak_bytes(n), psutil.virtual_memory().available
+    if need > 0.8 * have:
+        raise VIError(f"family '{family.name}' with these options needs about {need / 1e9:.1f} GB "
+                      f"to evaluate log q at the {n} diagnostic draws, and {have / 1e9:.1f} GB "
+                      f"are available: use fewer components (n_components="
+                      f"{getattr(family, 'n_components', '?')}) or fewer draws")
+
+
 def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.ndarray]:
     """(user's initial mean or None, Stan-style random initial mean)."""
     d = target.dim
@@ -505,6 +524,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
 
         raise VIError(unsupported_message(method))
     fam = make_family(family, target.dim, **fam_kwargs)
+    _check_memory(fam, draws)
     init_mu, random_mu = _initial_mu(target, init, seed)
     _check_init(target, init_mu)
     estimator = estimator_for(target, fam, module.ESTIMATOR,

@@ -249,3 +249,29 @@ def test_mixture_finds_both_modes_of_the_bimodal_stan_model(tmp_path):
     assert mix.oracle["gradient_draws"] == 16 * (len(mix.trace) - 1)
     assert mix.info["model_evaluations"]["gradient"] == (mix.oracle["gradient_draws"]
                                                           + mix.oracle["redrawn_draws"])
+
+
+def test_a_mixture_too_large_for_memory_is_refused_up_front(monkeypatch):
+    """Issue T3-2 item 12: n_components=100000 ran 85–141 s, then failed with a 14-deep
+    JaxRuntimeError (51 GB).  The estimate is checked before any work, with the figures."""
+    import time  # noqa: PLC0415
+
+    import psutil  # noqa: PLC0415
+
+    from conftest import MODELS_DIR  # noqa: PLC0415
+
+    fam = GaussianMixture(dim=2, n_components=100_000)
+    assert fam.peak_bytes(1000) == 8 * (3 * 1000 * 100_000 * 2 + 2 * 100_000 * 2)
+    start = time.perf_counter()
+    with pytest.raises(stanvi.VIError, match=r"needs about .* GB .* are available"):
+        stanvi.fit(MODELS_DIR / "bernoulli" / "bernoulli.stan",
+                   data=MODELS_DIR / "bernoulli" / "bernoulli.data.json", method="mlmcvi",
+                   family="mixture", family_options={"n_components": 100_000}, progress=False)
+    assert time.perf_counter() - start < 30
+    # the same fit is not refused where the memory is there
+    class Plenty:
+        available = 10 ** 15
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Plenty)
+    from stanvi.fit import _check_memory  # noqa: PLC0415
+
+    _check_memory(fam, 1000)

@@ -106,6 +106,16 @@ class GaussianMixture:
         if not (math.isfinite(self.init_spread) and self.init_spread >= 0):
             raise ValueError(f"init_spread must be a finite number ≥ 0, got {self.init_spread!r}")
 
+    def peak_bytes(self, n_draws: int) -> int:
+        """About the most memory one evaluation of log q at ``n_draws`` draws takes: the (n, C, D)
+        arrays of every draw's standardized distance to every component (three alive at once),
+        plus the components' factors.  A fit checks it against the memory available before it
+        starts (``n_components=100000`` used to fail after two minutes with a 51 GB
+        out-of-memory error deep in XLA; issue T3-2 item 12)."""
+        per_component = self.dim * self.dim if self.covariance_type == "full" else self.dim
+        return 8 * (3 * int(n_draws) * self.n_components * self.dim
+                    + 2 * self.n_components * per_component)
+
     # ------------------------------------------------------------------ family protocol
     def draws_per_gradient(self, n: int) -> int:
         """Log-density gradients one ELBO gradient evaluates: M components × S draws, S =
