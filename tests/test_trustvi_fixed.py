@@ -139,3 +139,16 @@ def test_second_start_in_the_same_basin_changes_nothing():
     assert abs(info["second_start_gap"]) < 0.1
     status, message, params, info = _run(first=3.0, random_init=1.0, second_path=True)
     assert abs(params[0] - 3.0) < 0.05 and "second start" not in message
+
+
+def test_the_trace_ends_at_the_fit_and_keeps_exploration_out(load_target):
+    """The checks of the second start add one trace row, at the fit's result; the exploratory
+    run's iterates (not the fit's) are not in the trace, so an ELBO along the trace never dips
+    into them (``stanvi bench stopping``'s "to 1 nat" read them as the fit's)."""
+    fit = stanvi.fit(load_target("eight_schools"), method="trustvi", seed=1, progress=False)
+    rows = fit.trace.rows
+    phases = [r.get("phase") for r in rows]
+    assert phases[-1] == "second_start" and phases.count("second_start") == 1
+    assert fit.info["second_start_iterations"] > 0     # the exploratory run was made
+    np.testing.assert_array_equal(fit.trace.params_at(len(rows) - 1), fit.params)
+    assert rows[-1]["gradient_draws"] == fit.oracle["gradient_draws"]   # its cost is charged

@@ -25,8 +25,9 @@ more than 1 nat plus twice the standard error of the paired difference, the fixe
 starts again from it, certifies its own optimum, and the better of the two certified optima (on
 the common draws) is the result; the message says so, with the figures.  Otherwise the
 comparison is recorded in ``info`` (``second_start_gap``: ELBO₂ − ELBO₁) and the result is λ₁.
-Every evaluation is charged to the fit's ledger and the exploratory iterations continue the trace
-(``phase`` 'second_start').
+Every evaluation is charged to the fit's ledger; the checks add one trace row (``phase``
+'second_start', at the fit's iterate after them: the exploratory run's iterates are not the
+fit's and stay out of its trace).
 """
 
 from __future__ import annotations
@@ -86,7 +87,13 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
             gap, se = _paired_gap(est, family, candidate, first, key, ledger)
     if np.isfinite(gap):
         info.update(second_start_gap=gap, second_start_gap_se=se)
-    if candidate is None or not gap > MARGIN + 2.0 * se:
+    switch = candidate is not None and gap > MARGIN + 2.0 * se
+    # one trace row for the checks (their evaluations; the exploratory run's iterates are not
+    # the fit's and stay out of its trace), at the fit's iterate after them
+    k += 1
+    trace.record(k, candidate if switch else first, ledger, phase="second_start",
+                 second_start_gap=gap if np.isfinite(gap) else None, accepted=bool(switch))
+    if not switch:
         return status, message, first, info
     status2, message2, second, _, k = _certified_run(setup, candidate, k, trace, context)
     final_gap, _ = _paired_gap(est, family, second, first, key, ledger)
@@ -147,10 +154,8 @@ def _explore(setup, params: np.ndarray, floor: float, k0: int, trace: Trace,
     except GradientFailure:
         return None, k0
     state, k, _, _ = iterate(partial(trustvi_fixed.step, explore), state,
-                             max_iters=o.second_start_iters, trace=trace, ledger=setup.ledger,
-                             context=context, start=k0)
-    for row in trace.rows[len(trace.rows) - (k - k0):]:
-        row["phase"] = "second_start"
+                             max_iters=o.second_start_iters, trace=Trace(),
+                             ledger=setup.ledger, context=context, start=k0)
     setup.info["second_start_iterations"] = k - k0
     return state.params, k
 
