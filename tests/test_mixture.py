@@ -201,6 +201,7 @@ def test_mlmcvi_with_the_mixture_finds_both_modes():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = stanvi.fit(*BIMODAL, method="mlmcvi", family="mixture", seed=1, progress=False,
+                         profile="paper",
                          family_options={"n_components": 2}, n0=64, lr0=0.3, drop_every=300,
                          max_iters=400, elbo_every=400, elbo_draws=500)
     side = np.mean(fit.stan_variable("theta") @ MU > 0)

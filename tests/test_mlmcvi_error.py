@@ -169,7 +169,8 @@ def _final_excess(seeds, **options) -> tuple[np.ndarray, list]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for seed in seeds:
-            fit = stanvi.fit(target, method="mlmcvi", scale_param="direct", lr0=LR0, seed=seed,
+            fit = stanvi.fit(target, method="mlmcvi", profile="paper", scale_param="direct",
+                             lr0=LR0, seed=seed,
                              progress=False, elbo_every=10_000, draws=10, **options)
             theta = COORDS.from_family(fit.params)
             out.append(mf_excess(theta))
