@@ -463,12 +463,17 @@ def save_netcdf(tree, path) -> Path:
     return path
 
 
-def save_zarr(tree, path) -> Path:
-    """Write a DataTree to a Zarr store (needs the ``zarr`` package)."""
+def require_zarr() -> None:
+    """Raise ImportError naming the package when ``zarr`` is not installed."""
     try:
         import zarr  # noqa: F401, PLC0415
     except ImportError as exc:
         raise ImportError("writing Zarr needs the 'zarr' package (pip install zarr)") from exc
+
+
+def save_zarr(tree, path) -> Path:
+    """Write a DataTree to a Zarr store (needs the ``zarr`` package)."""
+    require_zarr()
     path = Path(path)
     tree.to_zarr(path, mode="w")
     return path

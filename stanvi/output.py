@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.arviz_io import _jsonable, log_g, mean_row, save_netcdf, save_zarr
+from stanvi.arviz_io import _jsonable, log_g, mean_row, require_zarr, save_netcdf, save_zarr
 from stanvi.errors import OutputError
 from stanvi.stan.names import element_labels
 
@@ -268,8 +268,10 @@ def _can_create_file(directory: Path) -> bool:
 
 def check_writable(directory, base: str, *, zarr: bool = False, overwrite: bool = False) -> None:
     """Raise before any work is done when :func:`save` could not write: ``directory`` is a file
-    or not writable (FileExistsError / PermissionError), or (without ``overwrite``) one of the
-    files exists (FileExistsError naming it)."""
+    or not writable (FileExistsError / PermissionError), ``zarr`` is asked for and not installed
+    (ImportError), or (without ``overwrite``) one of the files exists (FileExistsError naming it)."""
+    if zarr:
+        require_zarr()
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise FileExistsError(f"output directory {directory} is an existing file; give a "

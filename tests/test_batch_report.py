@@ -158,12 +158,13 @@ def test_trace_panels_show_the_speed_ups_first_then_the_readable_gaps(runs):
 
 
 def test_a_record_without_a_profile_is_labelled_with_the_profile_that_ran():
-    """``--methods hfsgvi`` runs HFSGVI's default profile, ``paper``: the report must not call it
-    ``hfsgvi:default``, which is HFSGVI's other profile (64/32 draws and a convergence test)."""
+    """A record without a profile is labelled with the profile its method runs by default:
+    ``--methods advi`` runs Stan's ADVI (``advi:stan``), not a profile called ``default``; HFSGVI's
+    default is now its safeguarded ``default`` profile (T3-2 item 2), its paper's is ``paper``."""
     label = lambda method, profile=None, family="meanfield": config_of(  # noqa: E731
         {"method": method, "profile": profile, "family": family})
-    assert label("hfsgvi") == "hfsgvi:paper:meanfield"
-    assert label("hfsgvi", "default") == "hfsgvi:default:meanfield"
+    assert label("hfsgvi") == "hfsgvi:default:meanfield"
+    assert label("hfsgvi", "paper") == "hfsgvi:paper:meanfield"
     assert label("advi", family="fullrank") == "advi:stan:fullrank"
     assert label("trustvi") == "trustvi:default:meanfield"
     assert label("pathfinder", family="none") == "pathfinder:multi:none"

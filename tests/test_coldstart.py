@@ -123,8 +123,8 @@ print("RESULT " + json.dumps({**events, "params": fit.params.tolist(),
 """
 
 
-def _fit_in_new_process(cache_dir: Path, method: str, family: str) -> dict:
-    env = dict(os.environ)
+def _fit_in_new_process(cache_dir: Path, method: str, family: str, host_path: str = "1") -> dict:
+    env = dict(os.environ, STANVI_HOST_PATH=host_path)
     env.pop("STANVI_JAX_CACHE", None)
     proc = subprocess.run([sys.executable, "-c", _FIT_COUNTING, str(cache_dir),
                            str(stan_file("eight_schools")), str(data_file("eight_schools")),
@@ -135,17 +135,21 @@ def _fit_in_new_process(cache_dir: Path, method: str, family: str) -> dict:
     return json.loads(line.split(" ", 1)[1])
 
 
-@pytest.mark.parametrize("method,family", [("trustvi", "fullrank"), ("advi", "meanfield")])
-def test_persistent_cache_serves_the_next_process(tmp_path, eight_schools, method, family):
+@pytest.mark.parametrize("method,family,host_path", [("trustvi", "fullrank", "0"),
+                                                     ("advi", "meanfield", "1")])
+def test_persistent_cache_serves_the_next_process(tmp_path, eight_schools, method, family,
+                                                  host_path):
     """A second process fitting the same model compiles nothing: every program comes from the
     cache (with the state's address in the FFI attribute, every lookup missed), and both
-    processes give the same result for the same seed."""
+    processes give the same result for the same seed.  TrustVI runs on the NumPy host path and
+    compiles no program at all (tests/test_host_estimator.py); with ``STANVI_HOST_PATH=0`` it
+    runs its JAX programs, the ones to cache."""
     del eight_schools  # compiled (and its HVP choice stored) by the session fixture
     cache_dir = tmp_path / "jax"
-    first = _fit_in_new_process(cache_dir, method, family)
+    first = _fit_in_new_process(cache_dir, method, family, host_path)
     entries = sorted(p.name for p in cache_dir.glob("*-cache"))
     assert first["misses"] > 0 and entries
-    second = _fit_in_new_process(cache_dir, method, family)
+    second = _fit_in_new_process(cache_dir, method, family, host_path)
     if second["bridge"] == "ffi":  # pure_callback programs are never persisted by JAX
         assert second["misses"] == 0
         assert second["hits"] >= first["misses"]

@@ -78,7 +78,7 @@ def test_a_run_costs_what_the_schedule_says():
     before = target.counter.gradient
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fit = stanvi.fit(target, method="mlmcvi", scale_param="direct", lr0=0.05, seed=0,
+        fit = stanvi.fit(target, method="mlmcvi", profile="paper", scale_param="direct", lr0=0.05, seed=0,
                          progress=False, elbo_every=10_000, draws=10)
     assert target.counter.gradient - before == 40_900
     assert fit.oracle["gradient_draws"] == 40_900 and fit.oracle["oracle_literal"] == 1001
@@ -93,7 +93,7 @@ def test_a_run_costs_what_the_schedule_says():
                                   np.r_[100, 2 * n[1:]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mc = stanvi.fit(target, method="mlmcvi", estimator="mc", scale_param="direct",
+        mc = stanvi.fit(target, method="mlmcvi", profile="paper", estimator="mc", scale_param="direct",
                         lr0=0.05, seed=0, progress=False, elbo_every=10_000, draws=10)
     assert mc.info["baseline_draws"] == 41 and mc.oracle["gradient_draws"] == 41_041
     assert D == 10
