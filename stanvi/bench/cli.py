@@ -16,7 +16,7 @@ def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
                                     "coldstart", "fullrank", "jointcv", "peers", "mlmcvi", "rb",
-                                    "qsgp"],
+                                    "qsgp", "local-optima"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -33,7 +33,9 @@ def add_bench_parser(sub) -> None:
                         "SGD paths, the mixture family on stan_models/bimodal (--seeds runs); "
                         "qsgp: stanvi.gp step time over n and m vs the svi baseline, control-"
                         "variate variance reduction, accuracy on simulated sets (--models among "
-                        "steps,cv,small,accuracy,walltime,rvm; --iters: training steps, default 3000)")
+                        "steps,cv,small,accuracy,walltime,rvm; --iters: training steps, default 3000); "
+                        "local-optima: does TrustVI certify a local optimum that ADVI or "
+                        "Pathfinder beats by a nat (hmm_drive_0, mvn_orange, stagnant)")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                    help="qsgp: the precision of QSGP's training loop in the step-time grid "
                         "(default float64)")
@@ -43,7 +45,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--compiles", type=int, default=300,
                    help="target: XLA compilations before timing C++ exceptions (0: skip; default 300)")
     p.add_argument("--models", default=None, help="methods: comma-separated model names (default: all)")
-    p.add_argument("--seeds", type=int, default=5, help="methods: runs per method and model (default 5)")
+    p.add_argument("--seeds", type=int, default=5,
+                   help="methods, peers, local-optima: runs per method and model (default 5)")
     p.add_argument("--configs", default=None,
                    help="methods: comma-separated method:profile list (default: trustvi:default,"
                         "trustvi:paper,advi:paper,advi:stan,hfsgvi:paper); coldstart: "
@@ -67,6 +70,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--posteriors", default=None,
                    help="public-stopping, peers: comma-separated posterior names (default: the fixed "
                         "list in stanvi.bench.public_stopping)")
+    p.add_argument("--example-models", default=None,
+                   help="local-optima: a stan-dev/example-models checkout")
     p.add_argument("--optima-dir", default=None,
                    help="public-stopping: where the computed optima are cached as JSON "
                         "(default: <stanvi cache>/optima)")
@@ -216,6 +221,14 @@ def run_bench(args: argparse.Namespace) -> int:
                   plot=Path(args.plot) if args.plot else None, new_process=args.new_process,
                   max_dim=args.max_dim, resume=args.resume,
                   options=_options(args.options))
+        return 0
+    if args.what == "local-optima":
+        from stanvi.bench import local_optima  # noqa: PLC0415
+
+        local_optima.run(Path(args.posteriordb) if args.posteriordb else None,
+                         Path(args.example_models) if args.example_models else None,
+                         seeds=args.seeds,
+                         output=Path(args.output) if args.output else None)
         return 0
     if args.what == "mlmcvi":
         from stanvi.bench import mlmcvi_bench  # noqa: PLC0415
