@@ -16,7 +16,7 @@ def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
                                     "coldstart", "fullrank", "jointcv", "peers", "mlmcvi", "rb",
-                                    "qsgp", "local-optima"],
+                                    "qsgp", "local-optima", "advi-fidelity"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -35,7 +35,9 @@ def add_bench_parser(sub) -> None:
                         "variate variance reduction, accuracy on simulated sets (--models among "
                         "steps,cv,small,accuracy,walltime,rvm; --iters: training steps, default 3000); "
                         "local-optima: does TrustVI certify a local optimum that ADVI or "
-                        "Pathfinder beats by a nat (hmm_drive_0, mvn_orange, stagnant)")
+                        "Pathfinder beats by a nat (hmm_drive_0, mvn_orange, stagnant); "
+                        "advi-fidelity: stanvi's ADVI against Stan's C++ ADVI, failures and eta "
+                        "over --seeds seeds on raw-unit regressions (--models)")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                    help="qsgp: the precision of QSGP's training loop in the step-time grid "
                         "(default float64)")
@@ -221,6 +223,12 @@ def run_bench(args: argparse.Namespace) -> int:
                   plot=Path(args.plot) if args.plot else None, new_process=args.new_process,
                   max_dim=args.max_dim, resume=args.resume,
                   options=_options(args.options))
+        return 0
+    if args.what == "advi-fidelity":
+        from stanvi.bench import advi_fidelity  # noqa: PLC0415
+
+        advi_fidelity.run(args.models.split(",") if args.models else None, seeds=args.seeds,
+                          output=Path(args.output) if args.output else None)
         return 0
     if args.what == "local-optima":
         from stanvi.bench import local_optima  # noqa: PLC0415

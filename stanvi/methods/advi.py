@@ -403,5 +403,5 @@ def run(target, family, *, key: jax.Array, options: Options, context) -> MethodR
         message = f"oracle budget spent after {state.k} SGD iterations"
     if status in ("converged", "max_iters"):
         status, message = sgd_end(target, family, state.params, key, opt, s.ledger, info, status,
-                                  state.elbos)
+                                  state.elbos, params0=params0, eta=eta)
     return _result(s, status, message, state.params)

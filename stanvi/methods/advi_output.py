@@ -44,25 +44,48 @@ def output_failure(target, family, params, key: jax.Array, n: int,
 
 
 def sgd_end(target, family, params, key: jax.Array, opt, ledger: OracleLedger, info: dict,
-            status: str, elbos: tuple[float, ...]) -> tuple[str, str]:
+            status: str, elbos: tuple[float, ...], *, params0: np.ndarray,
+            eta: float) -> tuple[str, str]:
     """(status, message) at the end of a 'converged' or 'max_iters' SGD phase (``opt``: ADVI's
     Options): stanvi's improper-posterior check (``improper_check``; ``elbos``: the last ELBO
     checks) and Stan's unguarded ``log_prob`` at the output draws (``output_check``).  A
-    failure keeps Stan's status in ``info['sgd_status']``."""
+    failure keeps Stan's status in ``info['sgd_status']``.
+
+    A q that ran away (:func:`~stanvi.methods.checks.divergence`) is an improper posterior only
+    when the widening probe, run from the finite q₀ (``params0``) along the coordinates where q
+    ran away, says so (as :func:`runaway_message` decides for a failed gradient); otherwise the
+    steps diverged on a proper posterior (η = 100 on a raw-unit regression throws log σ's sd to
+    1e39), Stan's status is kept — Stan's ADVI ends the same way there — and the message says
+    that q is unusable (issue T3-2 item 1: a failure here made stanvi's ADVI fail where Stan's
+    does not)."""
+    note = ""
     if opt.improper_check:
-        # the probe (5,376 log densities) runs only where the ELBO was still climbing at its
-        # last three checks, as it does without end on an improper posterior
+        # the probe (5,376 log densities) runs only where q ran away or the ELBO was still
+        # climbing at its last three checks, as it does without end on an improper posterior
+        eps = standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim)
+        runaway = divergence(family, params)
         climbing = len(elbos) >= 3 and elbos[-3] < elbos[-2] < elbos[-1]
-        improper = divergence(family, params) or (climbing and improper_direction(
-            target, family, params,
-            standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger))
+        if runaway is not None:
+            improper = improper_direction(target, family, params0, eps, ledger,
+                                          coordinates=runaway_coordinates(family, params))
+            if improper is None:   # Stan's status, then Stan's output check as for any q
+                diverged = (f"ADVI's steps diverged: {runaway.split(':')[0]}, although q's ELBO "
+                            f"does not keep rising as q widens there (so not an improper "
+                            f"posterior); Stan's ADVI reports '{status}' here too, but q is not "
+                            f"a usable approximation: the step size eta = {eta:g} may be too "
+                            f"large for this model")
+                info["messages"].append(diverged)
+                note = diverged
+        else:
+            improper = runaway or (climbing and improper_direction(target, family, params, eps,
+                                                                   ledger))
         if improper:
             info["sgd_status"] = status
             return "failed", f"{improper} (Stan's ADVI would report '{status}')"
     failure = output_failure(target, family, params, key, opt.output_samples,
                              ledger) if opt.output_check else None
     if failure is None:
-        return status, ""
+        return status, note
     index, why = failure
     info["output_failed_draw"] = index
     info["sgd_status"] = status

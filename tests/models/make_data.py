@@ -27,8 +27,18 @@ def raw_income(rng: np.random.Generator, n: int = 60) -> dict:
             "income": income.round(0).tolist()}
 
 
+def kid_iq_interaction(rng: np.random.Generator, n: int = 400) -> dict:
+    """The regression of issue T3-2 item 1: a child's test score on the mother's high-school
+    completion (0/1), her IQ (raw, around 100) and their interaction, as in Gelman and Hill's
+    kidiq example (coefficients near theirs)."""
+    hs = rng.integers(0, 2, n).astype(float)
+    iq = rng.normal(100.0, 15.0, n)
+    score = -11.0 + 51.0 * hs + 1.1 * iq - 0.48 * hs * iq + rng.normal(0, 18.0, n)
+    return {"N": n, "hs": hs.tolist(), "iq": iq.round(1).tolist(), "score": score.round(1).tolist()}
+
+
 def main() -> None:
-    for seed, make in enumerate((raw_height_weight, raw_income)):
+    for seed, make in enumerate((raw_height_weight, raw_income, kid_iq_interaction)):
         data = make(np.random.default_rng(seed))
         (HERE / f"{make.__name__}.data.json").write_text(json.dumps(data) + "\n")
 

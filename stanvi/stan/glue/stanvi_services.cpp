@@ -302,13 +302,19 @@ std::unique_ptr<stan::model::model_base> construct(const char* data_json, unsign
 }
 
 // Stan's errors, preceded by the first few warnings (e.g. why an initial value was rejected;
-// the same reason repeats for each of the 100 attempts).  Informational lines (banners,
-// progress) are left out.
+// the same reason repeats for each of the 100 attempts) and by ADVI's choice of eta when its
+// adaptation ended before the failure ("Success! Found best value [eta = 100] ...": which step
+// size the failing run used).  Other informational lines (banners, progress) are left out.
 std::string failure_message(const std::string& algorithm, int rc, const MemoryLogger& logger) {
   std::vector<std::string> shown;
+  int warnings = 0;
   for (const auto& line : logger.lines) {
-    if (shown.size() == 6) break;
-    if (line.rfind("warn: ", 0) == 0) shown.push_back(line);
+    if (line.rfind("info: ", 0) == 0 && line.find("Found best value [eta = ") != std::string::npos) {
+      shown.push_back(line);
+    } else if (warnings < 6 && line.rfind("warn: ", 0) == 0) {
+      shown.push_back(line);
+      ++warnings;
+    }
   }
   shown.insert(shown.end(), logger.errors.begin(), logger.errors.end());
   std::string why = join(shown, "\n");
