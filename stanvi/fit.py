@@ -517,6 +517,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     module = get_method(method)
     opts = make_options(module, profile, options)
     fam_kwargs = dict(family_options or {})
+    family, fam_kwargs, family_note = single_gaussian_mixture(family, fam_kwargs)
     if family == "fullrank" and hasattr(opts, "fullrank_diagonal"):
         fam_kwargs["diagonal"] = opts.fullrank_diagonal
     if family == "mixture" and not getattr(module, "SUPPORTS_MIXTURE", False):
@@ -558,6 +559,8 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
                     setup_time=setup_time, estimator=estimator)
     fit_result.compile_time = compile_time
     fit_result.info["data_source"] = describe_data(data)
+    if family_note:
+        fit_result.info["family_note"] = family_note
     _report_diagnostics(fit_result, progress)
     if not fit_result.converged:
         text = not_converged_text(fit_result)
@@ -565,6 +568,27 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
             raise NotConvergedError(text, fit=fit_result)
         warnings.warn(text, NotConvergedWarning, stacklevel=2)
     return fit_result
+
+
+def single_gaussian_mixture(family: str, family_options: dict[str, Any]
+                            ) -> tuple[str, dict[str, Any], str | None]:
+    """A one-component mixture is one Gaussian: ``family='mixture'`` with ``n_components=1``
+    becomes 'meanfield' (``covariance_type='diag'``) or 'fullrank' (``'full'``), the same q
+    with the same parameters less the weight logit, so that every
+    method fits it exactly as it fits that Gaussian (issue T3-2 item 4: MLMCVI's SGD on the
+    mixture's gradient collapsed q to a point where its mean-field fit is right;
+    docs/discrete.md).  Returns (family, its options, a note for ``fit.info`` or None)."""
+    if family != "mixture" or family_options.get("n_components") != 1:
+        return family, family_options, None
+    covariance = family_options.get("covariance_type", "diag")
+    if covariance == "diag":
+        name, kwargs = "meanfield", {}
+    elif covariance == "full":
+        name, kwargs = "fullrank", {}
+    else:
+        return family, family_options, None   # the family's own error names the bad value
+    return name, kwargs, (f"family='mixture' with n_components=1 is a single Gaussian: fitted as "
+                          f"family={name!r}")
 
 
 def not_converged_text(fit_result: Fit) -> str:

@@ -165,6 +165,7 @@ reject_region = _target_fixture("reject_region")
 tp_gq = _target_fixture("tp_gq")
 bernoulli = _target_fixture("bernoulli")
 ode = _target_fixture("ode")
+logistic_regression = _target_fixture("logistic_regression")
 
 
 def random_points(target, n: int, seed: int, scale: float = 1.0) -> np.ndarray:

@@ -276,3 +276,26 @@ def test_a_mixture_too_large_for_memory_is_refused_up_front(monkeypatch):
     from stanvi.fit import _check_memory  # noqa: PLC0415
 
     _check_memory(fam, 1000)
+
+
+@pytest.mark.parametrize("method", ["mlmcvi", "advi"])
+def test_a_one_component_mixture_is_fitted_as_the_gaussian(logistic_regression, method):
+    """Issue T3-2 item 4: MLMCVI with family='mixture', n_components=1 collapsed q to a point
+    (sd 0 on logistic_regression's betas, means off) where its mean-field fit is right.  A
+    one-component mixture is that Gaussian: the fit is the mean-field fit, draw for draw, and
+    says so in ``fit.info['family_note']``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gaussian = stanvi.fit(logistic_regression, method=method, seed=3, progress=False,
+                              draws=200)
+        mixture = stanvi.fit(logistic_regression, method=method, family="mixture", seed=3,
+                             family_options={"n_components": 1}, progress=False, draws=200)
+    assert mixture.family.name == "meanfield" and mixture.status == gaussian.status
+    np.testing.assert_array_equal(mixture.params, gaussian.params)
+    np.testing.assert_array_equal(mixture.draws["beta"], gaussian.draws["beta"])
+    assert np.all(mixture.draws["beta"].std(axis=0) > 0.05)
+    assert "n_components=1 is a single Gaussian" in mixture.info["family_note"]
+    full = stanvi.fit(logistic_regression, method="trustvi", family="mixture", seed=3,
+                      family_options={"n_components": 1, "covariance_type": "full"},
+                      progress=False, draws=10)
+    assert full.family.name == "fullrank"
