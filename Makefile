@@ -20,8 +20,10 @@ venv: $(VENV)/.installed
 demo: venv
 	$(PY) -m stanvi.demo
 
+# Two test processes (pytest-xdist): the suite is mostly single-threaded Python and the CI machine
+# has 2 cores; Stan compiles are shared through the on-disk cache's locks.
 test: venv
-	$(PY) -m pytest tests -q -rs --durations=25
+	$(PY) -m pytest tests -q -rs -n 2 --durations=25
 
 bench: venv
 	$(VENV)/bin/stanvi bench target
