@@ -5,6 +5,7 @@ is short, and continuing from a second start that is higher."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -95,7 +96,7 @@ def _bimodal():
 
 
 def _run(first: float, other: float | None = None, random_init: float = 0.0,
-         second_path: bool = False):
+         second_path: bool = False, paths: int = 4):
     target = _bimodal()
     family = MeanField(1)
     est = ElboEstimator(family, target.jax_log_density)
@@ -107,7 +108,8 @@ def _run(first: float, other: float | None = None, random_init: float = 0.0,
     start = np.array([first, math.log(0.5)])
     # start_elbo None: the exploratory run is made; a start ELBO at the first optimum's: not
     start_elbo = None if not second_path else 1e9
-    return run_fixed(DEFAULT, est, family, make_key(0, host=False), ledger, Trace(), start,
+    options = dataclasses.replace(DEFAULT, second_paths=paths)
+    return run_fixed(options, est, family, make_key(0, host=False), ledger, Trace(), start,
                      alternatives, context, start_elbo=start_elbo,
                      target=target if second_path else None)
 
@@ -129,6 +131,38 @@ def test_second_lbfgs_path_from_the_random_init_finds_the_higher_optimum():
     assert abs(params[0] - 3.0) < 0.05, params
     assert info["second_path"] and info["second_start_used"]
     assert "second L-BFGS path" in message and "a local one" in message
+
+
+def test_more_lbfgs_paths_find_the_higher_optimum_the_first_path_missed():
+    """``second_paths``: Stan's random initialization (here in the lower mode's basin) leads its
+    path back to the lower mode, as on hmm_drive_0's seed 0; with 4 paths, a later one, from a
+    uniform(−2, 2) point of the fit's key, reaches the higher mode and the fit continues from
+    it.  With 1 path (the default before issue T3-1's end) the lower mode is kept; with 0 paths
+    none is tried."""
+    status, message, params, info = _run(first=-3.0, random_init=-2.5, second_path=True,
+                                         paths=1)
+    assert abs(params[0] + 3.0) < 0.05 and info["second_paths_tried"] == 1
+    status, message, params, info = _run(first=-3.0, random_init=-2.5, second_path=True,
+                                         paths=4)
+    assert status == "converged"
+    assert abs(params[0] - 3.0) < 0.05, params
+    assert 2 <= info["second_paths_tried"] <= 4 and info["second_start_used"]
+    assert "L-BFGS path" in message and "from a random initialization" in message
+    status, message, params, info = _run(first=-3.0, random_init=2.0, second_path=True,
+                                         paths=0)
+    assert abs(params[0] + 3.0) < 0.05 and "second_paths_tried" not in info
+
+
+def test_path_initial_points_are_uniform_on_stans_radius():
+    from stanvi.methods.trustvi_second_start import _uniform_init  # noqa: PLC0415
+
+    key = make_key(3, host=True)
+    points = np.array([_uniform_init(key, path, 2000) for path in (1, 2)])
+    assert np.all(np.abs(points) < 2.0)
+    assert not np.allclose(points[0], points[1])
+    np.testing.assert_array_equal(points[0], _uniform_init(key, 1, 2000))   # reproducible
+    # uniform(−2, 2): mean 0, variance 4/3 (standard errors of 4,000 draws: 0.018, 0.019)
+    assert abs(points.mean()) < 0.08 and abs(points.var() - 4 / 3) < 0.09
 
 
 def test_second_start_in_the_same_basin_changes_nothing():

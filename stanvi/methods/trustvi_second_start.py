@@ -8,7 +8,9 @@ example-models' mvn_orange TrustVI ends 51 nats below ADVI.  After the run certi
 
 1. a second L-BFGS path from Stan's random initialization (Pathfinder's start), whose Laplace q
    is a candidate when its ELBO on 64 common draws beats λ₁'s by more than ``MARGIN``
-   (:func:`_second_path`);
+   (:func:`_second_path`); with ``second_paths`` = k > 1, up to k paths, the others from
+   uniform(−2, 2) points drawn from the fit's key, until one is a candidate (multi-path
+   Pathfinder's idea: on hmm_drive_0 half the random inits reach the higher mode);
 2. when that found nothing and the certified optimum's fixed-sample ELBO is more than
    ``second_start_trigger`` nats above its start's (the posterior is not the Gaussian its mode
    suggests, so the mode's basin need not hold the best q; on 40 of 46 posteriordb posteriors the
@@ -46,6 +48,9 @@ from stanvi.methods.warm_start import laplace_start
 COMPARE_DRAWS = 256
 #: The second start must be higher by this many nats (plus twice the standard error).
 MARGIN = 1.0
+#: Key index of the random initial points of paths 2, 3, … (their L-BFGS paths' own draws use
+#: indices 2, 3, …: never the same key for two roles)
+INIT_KEYS = 1_000_000
 
 
 def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
@@ -67,9 +72,14 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
     if status != "converged" or not o.second_start_iters:
         return status, message, first, info
     candidate, where = None, ""
-    if target is not None:
-        candidate = _second_path(setup, target, first, context)
-        where = "a second L-BFGS path, from Stan's random initialization"
+    for path in range(o.second_paths if target is not None else 0):
+        start = context.random_init_mu if path == 0 else _uniform_init(setup.key, path,
+                                                                      family.dim)
+        candidate = _second_path(setup, target, first, start, path)
+        if candidate is not None:
+            where = ("a second L-BFGS path, from Stan's random initialization" if path == 0 else
+                     f"L-BFGS path {path + 1} of {o.second_paths}, from a random initialization")
+            break
     climbed = first_elbo - start_elbo if start_elbo is not None else np.inf
     info["second_start_climb"] = climbed
     gap = se = -np.inf
@@ -108,20 +118,32 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
                      f"({message})"), second, info
 
 
-def _second_path(setup, target, first: np.ndarray, context: RunContext) -> np.ndarray | None:
-    """The Laplace start of an L-BFGS path from Stan's random initialization (Pathfinder's
-    start, Zhang et al. 2022), when its ELBO estimate on 64 common draws beats the first
-    certified optimum's by more than ``MARGIN``; else None."""
+def _uniform_init(key, path: int, dim: int) -> np.ndarray:
+    """Path ``path``'s initial point: uniform(−2, 2) in each coordinate (Stan's init radius),
+    as 4Φ(ε) − 2 of standard normals drawn from the fit's key, so the fit stays reproducible."""
+    from scipy.special import ndtr  # noqa: PLC0415
+
+    eps = np.asarray(standard_normal(purpose_key(key, INIT_KEYS + path, "init"), 1, dim))[0]
+    return 4.0 * ndtr(eps) - 2.0
+
+
+def _second_path(setup, target, first: np.ndarray, start: np.ndarray,
+                 path: int = 0) -> np.ndarray | None:
+    """The Laplace start of an L-BFGS path from ``start`` (the first: Stan's random
+    initialization, Pathfinder's start, Zhang et al. 2022), when its ELBO estimate on 64 common
+    draws beats the first certified optimum's by more than ``MARGIN``; else None."""
     o, family = setup.o, setup.family
     found: list = []
-    params, record = laplace_start(target, family, setup.est, context.random_init_mu, first,
-                                   key=purpose_key(setup.key, 1, "init"), ledger=setup.ledger,
-                                   log_scale0=o.log_scale0, alternatives=found)
+    params, record = laplace_start(target, family, setup.est, start, first,
+                                   key=purpose_key(setup.key, 1 + path, "init"),
+                                   ledger=setup.ledger, log_scale0=o.log_scale0,
+                                   alternatives=found)
     # the comparison on common draws is paired: a candidate within MARGIN of λ₁ there is not
     # worth the 256-draw confirmation (the Laplace q of λ₁'s own mode often is, by noise)
     higher = (record.get("warm_start") == "laplace"
               and record["laplace_elbo"] - record["default_elbo"] > MARGIN)
     setup.info["second_path"] = bool(higher)
+    setup.info["second_paths_tried"] = path + 1
     return params if higher else None
 
 
