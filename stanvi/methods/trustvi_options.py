@@ -77,7 +77,7 @@ class Options:
     # first from Stan's random init, the others from uniform(−2, 2) points of the fit's key),
     # until one's Laplace q beats it; each costs an L-BFGS path, D HVPs and 64 log densities.
     # hmm_drive_0 (two modes 60 nats apart): half the random inits reach the higher one, so 1
-    # path certified the lower mode on 3 of 8 seeds, 4 paths on none; on posteriordb 4 paths
+    # path certified the lower mode on 4 of 8 seeds, 4 paths on none; on posteriordb 4 paths
     # cost 1,284 evaluations per fit against 691 and 0.098 s against 0.076 s (median; as
     # multi-path Pathfinder's 4 paths) [C]
     second_paths: int = 4
