@@ -65,12 +65,12 @@ def stanvi_outcome(target, seed: int) -> tuple[bool, float | None, str]:
 
 def compare(stem: Path, seeds: range) -> dict[str, Any]:
     """Both implementations over ``seeds`` on ``<stem>.stan`` with ``<stem>.data.json``."""
-    from stanvi import load_model  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
     compiled = compile_model(stem.with_suffix(".stan"), progress=False)
     data = str(stem.with_suffix(".data.json"))
-    target = load_model(compiled, data, progress=False)
+    target = StanTarget(compiled, data, progress=False)
     runs = {"stanvi": [stanvi_outcome(target, s) for s in seeds],
             "stan": [stan_outcome(compiled, data, s) for s in seeds]}
     n = len(seeds)
