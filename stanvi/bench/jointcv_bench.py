@@ -186,12 +186,12 @@ def stan_full_batch(seeds: int = 3, print_fn=print) -> dict[str, Any]:
     statement of where it does not").  Per run: final ELBO (10,000 draws) minus the stored
     mean-field optimum (``jointcv_logistic.optimum.json``), and wall time (run + JAX compile);
     for jointcv also the first trace ELBO (1,000 draws) within 1 nat, if any, and when."""
-    import stanvi  # noqa: PLC0415
     from stanvi.bench.cli import DEFAULT_MODELS_DIR  # noqa: PLC0415
     from stanvi.bench.optima import load_optimum  # noqa: PLC0415
+    from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
     stan = DEFAULT_MODELS_DIR / "jointcv_logistic" / "jointcv_logistic.stan"
-    target = stanvi.load(stan, stan.with_suffix(".data.json"), progress=False)
+    target = StanTarget(stan, stan.with_suffix(".data.json"), progress=False)
     best = load_optimum(stan).elbo
     configs = {"trustvi": {"method": "trustvi"},
                "advi (stan)": {"method": "advi", "profile": "stan"},
@@ -206,7 +206,7 @@ def stan_full_batch(seeds: int = 3, print_fn=print) -> dict[str, Any]:
         runs = []
         for seed in range(seeds):
             opts = dict(cfg)
-            fit = stanvi.fit(target, seed=seed, progress=False, **opts)
+            fit = stanvi_fit(target, seed=seed, progress=False, **opts)
             gap = best - fit.elbo(10_000)[0]
             within = next(((r["iteration"], r["wall_time"]) for r in fit.trace.rows
                            if label == "jointcv" and r.get("elbo") is not None

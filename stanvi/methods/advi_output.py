@@ -62,23 +62,19 @@ def sgd_end(target, family, params, key: jax.Array, opt, ledger: OracleLedger, i
     if opt.improper_check:
         # the probe (5,376 log densities) runs only where q ran away or the ELBO was still
         # climbing at its last three checks, as it does without end on an improper posterior
-        eps = standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim)
         runaway = divergence(family, params)
-        climbing = len(elbos) >= 3 and elbos[-3] < elbos[-2] < elbos[-1]
         if runaway is not None:
-            improper = improper_direction(target, family, params0, eps, ledger,
-                                          coordinates=runaway_coordinates(family, params))
+            improper = _improper_where_it_ran_away(target, family, params, params0, key, ledger)
             if improper is None:   # Stan's status, then Stan's output check as for any q
-                diverged = (f"ADVI's steps diverged: {runaway.split(':')[0]}, although q's ELBO "
-                            f"does not keep rising as q widens there (so not an improper "
-                            f"posterior); Stan's ADVI reports '{status}' here too, but q is not "
-                            f"a usable approximation: the step size eta = {eta:g} may be too "
-                            f"large for this model")
-                info["messages"].append(diverged)
-                note = diverged
+                note = (f"{_diverged(runaway)}; Stan's ADVI reports '{status}' here too, but q "
+                        f"is not a usable approximation: the step size eta = {eta:g} may be too "
+                        f"large for this model")
+                info["messages"].append(note)
         else:
-            improper = runaway or (climbing and improper_direction(target, family, params, eps,
-                                                                   ledger))
+            climbing = len(elbos) >= 3 and elbos[-3] < elbos[-2] < elbos[-1]
+            improper = climbing and improper_direction(
+                target, family, params,
+                standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger)
         if improper:
             info["sgd_status"] = status
             return "failed", f"{improper} (Stan's ADVI would report '{status}')"
@@ -104,15 +100,28 @@ def runaway_message(target, family, params, params0, key: jax.Array, opt, ledger
     runaway = divergence(family, params) if opt.improper_check else None
     if runaway is None:
         return message
-    improper = improper_direction(
+    improper = _improper_where_it_ran_away(target, family, params, params0, key, ledger)
+    if improper is not None:
+        return f"{improper}; {runaway.split(':')[0]} ({message})"
+    return (f"{_diverged(runaway)}: the step size eta = {eta:g} may be too large for this model "
+            f"({message})")
+
+
+def _improper_where_it_ran_away(target, family, params, params0, key: jax.Array,
+                                ledger: OracleLedger) -> str | None:
+    """The widening probe from the finite q₀ (``params0``) along the coordinates where q
+    (``params``) ran away: "may be improper" or None (the steps diverged on a proper
+    posterior)."""
+    return improper_direction(
         target, family, params0,
         standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger,
         coordinates=runaway_coordinates(family, params))
-    if improper is not None:
-        return f"{improper}; {runaway.split(':')[0]} ({message})"
+
+
+def _diverged(runaway: str) -> str:
+    """The opening of a "steps diverged" message for ``divergence``'s text ``runaway``."""
     return (f"ADVI's steps diverged: {runaway.split(':')[0]}, although q's ELBO does not keep "
-            f"rising as q widens there (so not an improper posterior): the step size "
-            f"eta = {eta:g} may be too large for this model ({message})")
+            f"rising as q widens there (so not an improper posterior)")
 
 
 # --------------------------------------------------------------------------------- output
