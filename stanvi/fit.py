@@ -27,6 +27,7 @@ from stanvi.fit_inputs import (ModelLike, _check_arguments, _check_init, _check_
 from stanvi.families import make_family
 from stanvi.methods import GP_METHODS, get_method, make_options
 from stanvi.methods.base import MethodResult, RunContext, Trace, purpose_key
+from stanvi.methods.blas_threads import blas_limited
 from stanvi.progress import IterationProgress
 from stanvi.targets.base import Target
 from stanvi.targets.jax_target import JaxTarget
@@ -397,7 +398,9 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     model_before = getattr(counter, "seconds", 0.0)
     evaluations_before = counter.snapshot() if counter is not None else None
     try:
-        result: MethodResult = module.run(target, fam, key=key, options=opts, context=context)
+        with blas_limited(fam.dim):
+            result: MethodResult = module.run(target, fam, key=key, options=opts,
+                                              context=context)
     finally:
         bar.close()
     wall = time.perf_counter() - t1

@@ -137,16 +137,20 @@ def test_more_lbfgs_paths_find_the_higher_optimum_the_first_path_missed():
     """``second_paths``: Stan's random initialization (here in the lower mode's basin) leads its
     path back to the lower mode, as on hmm_drive_0's seed 0; with 4 paths, a later one, from a
     uniform(−2, 2) point of the fit's key, reaches the higher mode and the fit continues from
-    it.  With 1 path (the default before issue T3-1's end) the lower mode is kept; with 0 paths
-    none is tried."""
+    it.  With 1 path (the default before issue T3-1's end) the lower mode is kept: that path
+    stops on entering the certified optimum's basin, and no Laplace q is screened; with 0 paths
+    none is run."""
     status, message, params, info = _run(first=-3.0, random_init=-2.5, second_path=True,
                                          paths=1)
-    assert abs(params[0] + 3.0) < 0.05 and info["second_paths_tried"] == 1
+    assert abs(params[0] + 3.0) < 0.05
+    assert (info["second_paths_run"], info["second_paths_stopped"],
+            info["second_paths_tried"]) == (1, 1, 0)
     status, message, params, info = _run(first=-3.0, random_init=-2.5, second_path=True,
                                          paths=4)
     assert status == "converged"
     assert abs(params[0] - 3.0) < 0.05, params
-    assert 2 <= info["second_paths_tried"] <= 4 and info["second_start_used"]
+    assert info["second_paths_run"] == 4 and info["second_paths_stopped"] >= 1
+    assert info["second_paths_tried"] >= 1 and info["second_start_used"]
     assert "L-BFGS path" in message and "from a random initialization" in message
     status, message, params, info = _run(first=-3.0, random_init=2.0, second_path=True,
                                          paths=0)
@@ -163,6 +167,29 @@ def test_path_initial_points_are_uniform_on_stans_radius():
     np.testing.assert_array_equal(points[0], _uniform_init(key, 1, 2000))   # reproducible
     # uniform(−2, 2): mean 0, variance 4/3 (standard errors of 4,000 draws: 0.018, 0.019)
     assert abs(points.mean()) < 0.08 and abs(points.var() - 4 / 3) < 0.09
+
+
+def test_random_inits_are_redrawn_until_the_density_is_finite():
+    """As Stan initializes: a uniform(−2, 2) point where log p is −inf is drawn again (here
+    log p is finite only where every coordinate is negative: 1 point in 8 in three
+    dimensions); each try's gradient is charged to the ledger, and the points are
+    reproducible."""
+    import types  # noqa: PLC0415
+
+    from stanvi.methods.trustvi_second_start import _random_inits  # noqa: PLC0415
+
+    def lp(z):
+        return jnp.where(jnp.all(z < 0), -0.5 * jnp.sum(z ** 2), -jnp.inf)
+    target = JaxTarget(lp, 3)
+    setup = types.SimpleNamespace(family=MeanField(3), key=make_key(5, host=True),
+                                  ledger=OracleLedger())
+    points = _random_inits(setup, target, [1, 2, 3])
+    assert len(points) == 3 and all(np.all(p < 0) and np.all(p > -2) for p in points)
+    assert len({tuple(p) for p in points}) == 3
+    assert setup.ledger.model_evaluations()["gradient"] > 3    # some were drawn again
+    again = _random_inits(types.SimpleNamespace(family=MeanField(3), key=make_key(5, host=True),
+                                                ledger=OracleLedger()), target, [1, 2, 3])
+    np.testing.assert_array_equal(np.array(points), np.array(again))
 
 
 def test_second_start_in_the_same_basin_changes_nothing():

@@ -1,5 +1,5 @@
 """The Laplace warm start's L-BFGS-B without ``import scipy.optimize`` (issue 8, part 3):
-:func:`stanvi.methods.warm_start.drive_lbfgsb` drives SciPy's own L-BFGS-B extension and must
+:func:`stanvi.optim.lbfgsb.drive_lbfgsb` drives SciPy's own L-BFGS-B extension and must
 give exactly what ``scipy.optimize.minimize(f, x0, jac=True, method="L-BFGS-B")`` gives: the
 same points evaluated in the same order, the same x, f, iteration and evaluation counts and
 status, on smooth, badly scaled, non-convex and partly infinite objectives, and when the
@@ -18,7 +18,7 @@ import pytest
 
 scipy_optimize = pytest.importorskip("scipy.optimize")
 
-from stanvi.methods import warm_start as ws  # noqa: E402
+from stanvi.optim import lbfgsb as ws  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXT = scipy_optimize._lbfgsb
@@ -116,7 +116,7 @@ def test_minimize_lbfgsb_uses_scipy_once_scipy_optimize_is_imported():
 _FRESH = """
 import json, sys
 import numpy as np
-from stanvi.methods import warm_start as ws
+from stanvi.optim import lbfgsb as ws
 def rosen(x):
     f = float(np.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2))
     g = np.zeros_like(x)
@@ -144,3 +144,80 @@ def test_fresh_process_minimizes_without_importing_scipy_optimize():
                       if ln.startswith("RESULT ")][-1].split(" ", 1)[1])
     # and a later import of scipy.optimize is the usual one (its _lbfgsb bound as an attribute)
     assert got == {"fast": True, "same_x": True, "attr": True, "same": [True, True, True]}
+
+
+# ------------------------------------------------------------------ several paths in lockstep
+def _rows(f, log):
+    """A batched objective from a single-point one, logging each call's rows."""
+    def rows(z):
+        log.append(np.array(z, copy=True))
+        out = [f(np.array(x)) for x in z]
+        return np.array([o[0] for o in out], dtype=float), np.stack([o[1] for o in out])
+    return rows
+
+
+def _lockstep_objectives():
+    rng = np.random.default_rng(3)
+    quad = _quadratic(rng, 4, 1e3)
+    return [(quad, rng.standard_normal(4) * 3), (_rosenbrock, rng.uniform(-2, 2, 4)),
+            (quad, np.zeros(4)), (_rosenbrock, np.array([-1.2, 1.0, 0.5, 0.0]))]
+
+
+@needs_ext
+def test_lockstep_paths_are_each_their_own_run(monkeypatch):
+    """Four paths of different lengths run together: each gets exactly its single run's x, f,
+    iterations and evaluations, and every batched call holds one row per unfinished path."""
+    monkeypatch.setattr(ws, "lbfgsb_extension", lambda: EXT)
+    cases = _lockstep_objectives()
+
+    singles = []
+    for f, x0 in cases:
+        rec, calls = _recording(f)
+        singles.append((ws.minimize_lbfgsb(rec, x0), calls))
+    log: list = []
+    evaluated: list[list] = [[] for _ in cases]
+
+    def rows(z):
+        log.append(len(z))
+        fs, gs = [], []
+        for x in z:
+            i = next(j for j, (got, (_, calls)) in enumerate(zip(evaluated, singles))
+                     if len(got) < len(calls) and np.array_equal(calls[len(got)], x))
+            evaluated[i].append(np.array(x))
+            f, g = cases[i][0](x)
+            fs.append(f)
+            gs.append(g)
+        return np.array(fs), np.stack(gs)
+
+    results = ws.minimize_lbfgsb_lockstep(rows, [x0 for _, x0 in cases])
+    for res, (single, calls), got in zip(results, singles, evaluated):
+        np.testing.assert_array_equal(res.x, single.x)
+        assert (res.fun, res.nit, res.nfev, res.status) == (single.fun, single.nit,
+                                                            single.nfev, single.status)
+        assert len(got) == len(calls)
+    lengths = sorted(len(c) for _, c in singles)
+    assert len(log) == lengths[-1] and log[0] == len(cases)
+    assert log.count(len(cases)) == lengths[0]          # all four until the shortest ends
+
+
+@needs_ext
+@pytest.mark.parametrize("driver", ["extension", "scipy"])
+def test_stop_ends_a_path_at_the_first_iterate_it_accepts(monkeypatch, driver):
+    """``stop`` is asked at each new iterate; the path ends at the first one it accepts, which
+    is the iterate of the unstopped run (the same with SciPy's own minimize)."""
+    f, x0 = _rosenbrock, np.array([-1.2, 1.0, 0.5])
+    monkeypatch.setattr(ws, "lbfgsb_extension", lambda: EXT)
+    iterates: list = []
+    full = ws.minimize_lbfgsb(f, x0, stop=lambda x: iterates.append(x) or False)
+    assert full.status == 0 and len(iterates) == full.nit
+    target = iterates[full.nit // 2]
+    if driver == "scipy":
+        monkeypatch.setattr(ws, "lbfgsb_extension", lambda: None)
+    res = ws.minimize_lbfgsb(f, x0, stop=lambda x: np.array_equal(x, target))
+    assert res.status == ws.STOPPED and not res.success
+    np.testing.assert_array_equal(res.x, target)
+    assert res.fun == f(target)[0]
+    [again] = ws.minimize_lbfgsb_lockstep(_rows(f, []), [x0],
+                                          stop=lambda i, x: np.array_equal(x, target))
+    np.testing.assert_array_equal(again.x, target)
+    assert again.status == ws.STOPPED

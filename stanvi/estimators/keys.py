@@ -49,3 +49,15 @@ def host_normal(key: HostKey, n: int, dim: int) -> np.ndarray:
     a larger draw from the same key are these)."""
     seq = np.random.SeedSequence(key.seed, spawn_key=key.path)
     return np.random.Generator(np.random.Philox(seq)).standard_normal((int(n), int(dim)))
+
+
+def uniform(key, dim: int, low: float, high: float) -> np.ndarray:
+    """(dim,) uniform(low, high) draws from ``key``: NumPy's Philox for a :class:`HostKey`,
+    ``jax.random.uniform`` for a JAX key."""
+    if isinstance(key, HostKey):
+        seq = np.random.SeedSequence(key.seed, spawn_key=key.path)
+        return np.random.Generator(np.random.Philox(seq)).uniform(low, high, int(dim))
+    import jax  # noqa: PLC0415
+
+    return np.asarray(jax.random.uniform(key, (int(dim),), minval=low, maxval=high),
+                      dtype=float)

@@ -348,9 +348,13 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     if o.sample == "fixed":
         start_elbo = start_info.get("laplace_elbo" if start_info.get("warm_start") == "laplace"
                                     else "default_elbo")
+        # the warm start's mode (its Laplace q's mean, chosen or not): a path reaching it
+        # is in the basin the fit started from
+        laplace = [params] if start_info.get("warm_start") == "laplace" else alternatives
+        modes = [np.asarray(family.mean(p), dtype=float) for p in laplace]
         status, message, params, info = run_fixed(o, est, family, key, ledger, trace, params,
                                                   alternatives, context, counts, start_elbo,
-                                                  target)
+                                                  target, basin_centres=modes)
         info = {**counts, **start_info, **info}
         status, message = honest_outcome(target, family, params, key, status, message, counts,
                                          info, ledger)

@@ -6,11 +6,14 @@ initialization lands in a mode 60 nats below the one Stan's ADVI and Pathfinder 
 example-models' mvn_orange TrustVI ends 51 nats below ADVI.  After the run certifies an optimum
 λ₁, two candidates are tried:
 
-1. a second L-BFGS path from Stan's random initialization (Pathfinder's start), whose Laplace q
-   is a candidate when its ELBO on 64 common draws beats λ₁'s by more than ``MARGIN``
-   (:func:`_second_path`); with ``second_paths`` = k > 1, up to k paths, the others from
-   uniform(−2, 2) points drawn from the fit's key, until one is a candidate (multi-path
-   Pathfinder's idea: on hmm_drive_0 half the random inits reach the higher mode);
+1. ``second_paths`` = k L-BFGS paths, the first from Stan's random initialization
+   (Pathfinder's start), the others from uniform(−2, 2) points drawn from the fit's key (redrawn
+   until the density is finite, as Stan initializes), run in lockstep, one batched model call
+   per round (:func:`_second_paths`; multi-path Pathfinder's idea: on hmm_drive_0 about half
+   the random inits reach the higher mode).  A path stops as soon as it enters λ₁'s basin
+   (within ``BASIN_RADIUS`` q₁-sds of λ₁'s mean or of the warm start's mode); the Laplace q of
+   each other mode it reaches is a candidate when its ELBO on 64 common draws beats λ₁'s by
+   more than ``MARGIN``;
 2. when that found nothing and the certified optimum's fixed-sample ELBO is more than
    ``second_start_trigger`` nats above its start's (the posterior is not the Gaussian its mode
    suggests, so the mode's basin need not hold the best q; on 40 of 46 posteriordb posteriors the
@@ -39,30 +42,39 @@ from functools import partial
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, standard_normal
+from stanvi.estimators.keys import uniform
 from stanvi.methods import trustvi_fixed
 from stanvi.methods.base import OracleLedger, RunContext, Trace, iterate, purpose_key
 from stanvi.methods.trustvi_options import Options
-from stanvi.methods.warm_start import laplace_start
+from stanvi.methods.warm_start import laplace_q, mean_elbo, neg_log_p_rows
+from stanvi.optim.lbfgsb import STOPPED, minimize_lbfgsb_lockstep
 
 #: Common fresh draws on which the two starts' ELBOs are compared.
 COMPARE_DRAWS = 256
 #: The second start must be higher by this many nats (plus twice the standard error).
 MARGIN = 1.0
+#: Draws on which each path's Laplace q is screened against λ₁ (paired, common draws)
+SCREEN_DRAWS = 64
+#: A path is in λ₁'s basin within this many q₁-sds (root mean square over coordinates)
+BASIN_RADIUS = 1.0
 #: Key index of the random initial points of paths 2, 3, … (their L-BFGS paths' own draws use
 #: indices 2, 3, …: never the same key for two roles)
 INIT_KEYS = 1_000_000
+#: Tries for a random initial point with a finite density and gradient (Stan's limit)
+INIT_ATTEMPTS = 100
 
 
 def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
               params: np.ndarray, alternatives: list, context: RunContext,
-              counts: dict | None = None, start_elbo: float | None = None, target=None
-              ) -> tuple[str, str, np.ndarray, dict]:
+              counts: dict | None = None, start_elbo: float | None = None, target=None,
+              basin_centres: list | None = None) -> tuple[str, str, np.ndarray, dict]:
     """The fixed-sample iterations, their certification and the second-start checks, on the
     shared loop; returns (status, message, params, info).  ``counts`` (accepted and rejected
     steps, as :func:`stanvi.methods.checks.honest_outcome` reads them) is updated;
     ``start_elbo``: the warm start's ELBO estimate at ``params`` (None: unknown), which decides
-    whether the exploratory run is made; ``target``: for the second L-BFGS path (module
-    docstring)."""
+    whether the exploratory run is made; ``target``: for the L-BFGS paths; ``basin_centres``:
+    points besides λ₁'s mean whose neighbourhood is λ₁'s basin (the warm start's mode)
+    (module docstring)."""
     info: dict = {}
     if counts is None:
         counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0,
@@ -72,14 +84,12 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
     if status != "converged" or not o.second_start_iters:
         return status, message, first, info
     candidate, where = None, ""
-    for path in range(o.second_paths if target is not None else 0):
-        start = context.random_init_mu if path == 0 else _uniform_init(setup.key, path,
-                                                                      family.dim)
-        candidate = _second_path(setup, target, first, start, path)
+    if target is not None and o.second_paths:
+        candidate, path = _second_paths(setup, target, first, context.random_init_mu,
+                                        basin_centres)
         if candidate is not None:
             where = ("a second L-BFGS path, from Stan's random initialization" if path == 0 else
                      f"L-BFGS path {path + 1} of {o.second_paths}, from a random initialization")
-            break
     climbed = first_elbo - start_elbo if start_elbo is not None else np.inf
     info["second_start_climb"] = climbed
     gap = se = -np.inf
@@ -118,33 +128,92 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
                      f"({message})"), second, info
 
 
-def _uniform_init(key, path: int, dim: int) -> np.ndarray:
-    """Path ``path``'s initial point: uniform(−2, 2) in each coordinate (Stan's init radius),
-    as 4Φ(ε) − 2 of standard normals drawn from the fit's key, so the fit stays reproducible."""
-    from scipy.special import ndtr  # noqa: PLC0415
-
-    eps = np.asarray(standard_normal(purpose_key(key, INIT_KEYS + path, "init"), 1, dim))[0]
-    return 4.0 * ndtr(eps) - 2.0
+def _uniform_init(key, path: int, dim: int, attempt: int = 0) -> np.ndarray:
+    """Path ``path``'s initial point, try ``attempt``: uniform(−2, 2) in each coordinate (Stan's
+    init radius), drawn from the fit's key, so the fit stays reproducible."""
+    return uniform(purpose_key(key, INIT_KEYS + INIT_ATTEMPTS * path + attempt, "init"), dim,
+                   -2.0, 2.0)
 
 
-def _second_path(setup, target, first: np.ndarray, start: np.ndarray,
-                 path: int = 0) -> np.ndarray | None:
-    """The Laplace start of an L-BFGS path from ``start`` (the first: Stan's random
-    initialization, Pathfinder's start, Zhang et al. 2022), when its ELBO estimate on 64 common
-    draws beats the first certified optimum's by more than ``MARGIN``; else None."""
-    o, family = setup.o, setup.family
-    found: list = []
-    params, record = laplace_start(target, family, setup.est, start, first,
-                                   key=purpose_key(setup.key, 1 + path, "init"),
-                                   ledger=setup.ledger, log_scale0=o.log_scale0,
-                                   alternatives=found)
-    # the comparison on common draws is paired: a candidate within MARGIN of λ₁ there is not
-    # worth the 256-draw confirmation (the Laplace q of λ₁'s own mode often is, by noise)
-    higher = (record.get("warm_start") == "laplace"
-              and record["laplace_elbo"] - record["default_elbo"] > MARGIN)
-    setup.info["second_path"] = bool(higher)
-    setup.info["second_paths_tried"] = path + 1
-    return params if higher else None
+def _random_inits(setup, target, paths: list[int]) -> list[np.ndarray]:
+    """An initial point for each of ``paths``, as Stan initializes: uniform(−2, 2) draws until
+    the log density and its gradient are finite there (at most ``INIT_ATTEMPTS`` tries; a path
+    with none gets its last try, and L-BFGS ends it at once).  The candidates of all paths are
+    evaluated in one batched call per round, charged to the ledger."""
+    dim = setup.family.dim
+    found: dict[int, np.ndarray] = {}
+    for attempt in range(INIT_ATTEMPTS):
+        todo = [p for p in paths if p not in found]
+        if not todo:
+            break
+        points = np.array([_uniform_init(setup.key, p, dim, attempt) for p in todo])
+        res = target.log_density_gradient(points)
+        setup.ledger.gradient(len(todo))
+        finite = (np.asarray(res.ok, dtype=bool) & np.isfinite(res.log_density)
+                  & np.all(np.isfinite(res.gradient), axis=1))
+        for p, z, good in zip(todo, points, finite):
+            if good or attempt == INIT_ATTEMPTS - 1:
+                found[p] = z
+    return [found[p] for p in paths]
+
+
+def _near(centres: np.ndarray, inv_sd: np.ndarray, radius: float):
+    """Whether a point lies within ``radius`` (root mean square of its coordinates in units of
+    1/``inv_sd``) of a row of ``centres``."""
+    limit = radius ** 2 * centres.shape[1]
+
+    def near(z: np.ndarray) -> bool:
+        w = (z - centres) * inv_sd
+        return bool((w * w).sum(axis=1).min() < limit)
+    return near
+
+
+def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
+                  centres: list) -> tuple[np.ndarray | None, int]:
+    """``second_paths`` L-BFGS paths (the first from Stan's random initialization, Pathfinder's
+    start, Zhang et al. 2022; the others from :func:`_uniform_init` points), run in lockstep
+    (:func:`stanvi.optim.lbfgsb.minimize_lbfgsb_lockstep`: one batched model call per round).
+    A path stops as soon as an iterate comes within ``BASIN_RADIUS`` q₁-sds (root mean square
+    over coordinates) of λ₁'s mean or of a point of ``centres`` (the warm start's mode): it is
+    in the basin whose optimum is certified, and its Laplace q could not beat λ₁.  Of the
+    paths that reach a mode elsewhere (one per mode), in order, the first whose Laplace q's
+    ELBO on 64 common draws beats λ₁'s by more than ``MARGIN`` is returned with its index;
+    else (None, −1)."""
+    o, family, ledger = setup.o, setup.family, setup.ledger
+    inits = [np.asarray(random_init, dtype=float)]
+    inits += _random_inits(setup, target, list(range(1, o.second_paths)))
+    inv_sd = 1.0 / np.asarray(family.marginal_sd(first), dtype=float)
+    in_basin = _near(np.array([family.mean(first), *(centres or [])], dtype=float), inv_sd,
+                     BASIN_RADIUS)
+    results = minimize_lbfgsb_lockstep(neg_log_p_rows(target, ledger), inits,
+                                       stop=lambda _path, z: in_basin(z),
+                                       maxiter=1000, maxfun=2000)
+    info = setup.info
+    info.update(second_paths_run=len(results), second_path=False, second_paths_tried=0,
+                second_paths_stopped=sum(r.status == STOPPED for r in results))
+    eps = standard_normal(purpose_key(setup.key, 1, "init"), SCREEN_DRAWS, family.dim)
+    first_elbo = None
+    modes: list = []
+    for path, res in enumerate(results):
+        z = np.asarray(res.x, dtype=float)
+        if (res.status == STOPPED or not np.isfinite(res.fun)
+                or (modes and _near(np.array(modes), inv_sd, BASIN_RADIUS)(z))):
+            continue
+        modes.append(z)
+        info["second_paths_tried"] += 1
+        laplace, _ = laplace_q(target, family, z, ledger, o.log_scale0)
+        if laplace is None:
+            continue
+        if first_elbo is None:
+            first_elbo = mean_elbo(setup.est, first, eps)
+            ledger.elbo_estimate(SCREEN_DRAWS)
+        ledger.elbo_estimate(SCREEN_DRAWS)
+        # the comparison on common draws is paired: a candidate within MARGIN of λ₁ there is
+        # not worth the 256-draw confirmation
+        if mean_elbo(setup.est, laplace, eps) - first_elbo > MARGIN:
+            info["second_path"] = True
+            return laplace, path
+    return None, -1
 
 
 def _certified_run(setup, params: np.ndarray, k0: int, trace: Trace, context: RunContext
