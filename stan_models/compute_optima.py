@@ -1,5 +1,5 @@
 """Compute each example model's mean-field optimum independently of every stanvi method, and
-write it to ``<model dir>/<stem>.optimum.json`` (read by ``stanvi.bench.optima.load_optimum``,
+write it to ``<model dir>/<stem>.optimum.json`` (read by ``stanvi.evaluation.optima.load_optimum``,
 ``stanvi bench stopping`` and the tests).
 
     .venv/bin/python stan_models/compute_optima.py [name ...]     (also: name,name,...)
@@ -46,9 +46,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-# The numerical procedure (steps 1-3) is stanvi.bench.optima's, shared with
+# The numerical procedure (steps 1-3) is stanvi.evaluation.optima's, shared with
 # ``stanvi bench public-stopping``.
-from stanvi.bench.optima import (  # noqa: E402
+from stanvi.evaluation.optima import (  # noqa: E402
     METHOD,
     fresh_values,
     numerical_optimum,
@@ -81,7 +81,8 @@ def compute(stem: str, stan: Path, data_path: Path | None) -> dict:
     """The optimum record of one model (module docstring)."""
     import stanvi  # noqa: PLC0415
 
-    target = stanvi.load(str(stan), data=str(data_path) if data_path else None, progress=False)
+    target = stanvi.load_model(str(stan), data=str(data_path) if data_path else None,
+                               progress=False)
     record = optimum_header(stem, target)
     numeric = numerical_optimum(target)
     data = json.loads(data_path.read_text()) if data_path else {}
@@ -89,7 +90,7 @@ def compute(stem: str, stan: Path, data_path: Path | None) -> dict:
     if gauss is None:
         record.update(numeric)
         return record
-    from stanvi.estimators.elbo import estimator_for  # noqa: PLC0415
+    from stanvi.estimators.registry import estimator_for  # noqa: PLC0415
     from stanvi.families import MeanField  # noqa: PLC0415
 
     m, sigma, elbo = closed_form(*gauss)
@@ -110,7 +111,7 @@ def compute(stem: str, stan: Path, data_path: Path | None) -> dict:
 
 def main(names: list[str] | None = None) -> None:
     """Compute and write the optima of the named models (all with a data file if none)."""
-    from stanvi.bench.methods_bench import discover_models  # noqa: PLC0415
+    from stanvi.evaluation.models import discover_models  # noqa: PLC0415
 
     known = {stem for stem, _, _ in discover_models(HERE)}
     unknown = sorted(set(names or ()) - known)

@@ -263,8 +263,8 @@ def gaussian_ill() -> dict:
 
 def jointcv_logistic() -> dict:
     """N = 10,000 rows, K = 5 standardized covariates, no intercept; true beta ~ N(0, 6/K)
-    (the joint control variate spec's recipe, specs/joint_control_variate.md §5.2): a large-N
-    model for method='jointcv' against full-batch methods."""
+    (the recipe of docs/jointcv.md#simulated-data): a large-N model for method='jointcv' against
+    full-batch methods."""
     rng = np.random.default_rng(SEEDS["jointcv_logistic"])
     n, k = 10_000, 5
     x = rng.normal(size=(n, k))

@@ -38,7 +38,8 @@ if os.environ.get("STANVI_FAST_EXIT", "1") != "0":
 
     atexit.register(_freeze_gc)
 
-from stanvi.fit import Fit, fit  # noqa: E402
+from stanvi.fit import fit  # noqa: E402
+from stanvi.fit_result import Fit  # noqa: E402
 
 from stanvi.version import __version__  # noqa: E402
 

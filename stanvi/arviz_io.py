@@ -1,4 +1,4 @@
-"""A :class:`~stanvi.fit.Fit` as an ArviZ 1.x DataTree (stanvi's convention, since ArviZ has no
+"""A :class:`~stanvi.fit_result.Fit` as an ArviZ 1.x DataTree (stanvi's convention, since ArviZ has no
 VI group: docs/algorithms.md#output-format).
 
 Groups:
@@ -29,57 +29,19 @@ time, iterations, and the diagnostics (Pareto k-hat, its threshold, the verdict,
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from stanvi.arviz_attrs import attr_value, fit_attrs, trace_columns
+
 SAMPLE_DIMS = ("chain", "draw")
 
 
 # ---------------------------------------------------------------------- helpers
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
-
-
-def options_json(options: Any) -> str:
-    """The method's options as a JSON object string."""
-    return json.dumps(_jsonable(options), sort_keys=False)
-
-
-def _attr_value(value: Any) -> Any:
-    """A netCDF-safe attribute value (str, int, float)."""
-    if isinstance(value, (bool, np.bool_)):
-        return int(value)
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, (int, float, str)):
-        return value
-    if value is None:
-        return ""
-    return json.dumps(_jsonable(value))
-
-
 def _stan_code(target) -> str | None:
     compiled = getattr(target, "compiled", None)
     path = getattr(compiled, "stan_file", None)
@@ -136,82 +98,6 @@ def _resolve_dims(values: Mapping[str, np.ndarray], declared: Mapping[str, tuple
             chosen.append(dim)
         out[name] = chosen
     return out
-
-
-def _trace_dataset_dict(trace) -> dict[str, np.ndarray]:
-    rows = list(getattr(trace, "rows", []) or [])
-    keys: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in keys:
-                keys.append(k)
-    cols: dict[str, np.ndarray] = {}
-    for k in keys:
-        vals = [r.get(k) for r in rows]
-        present = [v for v in vals if v is not None]
-        if present and all(isinstance(v, (bool, np.bool_)) for v in present):
-            if len(present) == len(vals):
-                cols[k] = np.array(vals, dtype=bool)
-            else:  # missing booleans: 1/0 with NaN for "not recorded"
-                cols[k] = np.array([np.nan if v is None else float(v) for v in vals])
-        elif all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                 for v in present):
-            cols[k] = np.array([np.nan if v is None else float(v) for v in vals], dtype=float)
-            if (present and len(present) == len(vals)
-                    and all(isinstance(v, (int, np.integer)) for v in present)):
-                cols[k] = cols[k].astype(np.int64)
-        else:
-            cols[k] = np.array(["" if v is None else str(v) for v in vals], dtype=str)
-    return cols
-
-
-def fit_attrs(fit, diagnostics=None) -> dict[str, Any]:
-    """The metadata of a fit as netCDF-safe attributes."""
-    from stanvi.version import __version__  # noqa: PLC0415
-
-    attrs: dict[str, Any] = {
-        "inference_library": "stanvi",
-        "inference_library_version": __version__,
-        "stanvi_version": __version__,
-        "model": str(getattr(fit.target, "name", "")),
-        "method": fit.method,
-        "family": fit.family_name,
-        "profile": str(fit.profile),
-        "options": options_json(fit.options),
-        "seed": int(fit.seed),
-        "status": fit.status,
-        "message": fit.message or "",
-        "iterations": max(len(fit.trace) - 1, 0),
-        "num_draws": int(np.shape(fit.log_p)[0]),
-        "unconstrained_dim": int(fit.unconstrained_draws.shape[1]),
-        "wall_time": float(fit.wall_time),
-        "compile_time": float(fit.compile_time),
-        "setup_time": float(fit.setup_time),
-        "run_time": float(fit.wall_time - fit.compile_time),
-    }
-    for k, v in fit.oracle.items():
-        attrs[k] = v
-    if "hvp_method" in fit.info:
-        attrs["hvp_method"] = fit.info["hvp_method"]
-    attrs["data_source"] = str(fit.info.get("data_source", "") or "")
-    if hasattr(fit.target, "variable_kinds"):
-        attrs["variable_kinds"] = json.dumps(fit.target.variable_kinds())
-    attrs["oracle_counts"] = json.dumps(_jsonable(dict(fit.oracle)))
-    attrs["info"] = json.dumps(_jsonable(dict(fit.info)))
-    if diagnostics is not None:
-        attrs.update({
-            "pareto_k": float(diagnostics.khat),
-            "pareto_k_threshold": float(diagnostics.threshold),
-            "verdict": diagnostics.verdict,
-            "ess_importance": float(diagnostics.ess),
-            "pareto_k_se": float(getattr(diagnostics, "khat_se", float("nan"))),
-            "n_diagnostic_draws": int(diagnostics.n_draws),
-            "failed_fraction": float(getattr(diagnostics, "failed_fraction", 0.0)),
-            "failure_message": str(getattr(diagnostics, "failure_message", "")),
-            "elbo": float(diagnostics.elbo),
-            "elbo_se": float(diagnostics.elbo_se),
-        })
-    return {k: _attr_value(v) for k, v in attrs.items()}
 
 
 def _as_mapping(spec, what: str) -> dict[str, str]:
@@ -343,7 +229,7 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
         tree_groups[gname] = sub[gname].to_dataset()
 
     if include_trace:
-        trace_cols = _trace_dataset_dict(fit.trace)
+        trace_cols = trace_columns(fit.trace)
         tree_groups["vi_trace"] = Dataset(
             {k: ("iteration", v) for k, v in trace_cols.items()},
             attrs={"description": "one row per iteration; row 0 is the initial iterate"})
@@ -442,7 +328,7 @@ def _diagnostics_dataset(diag):
     data_vars = {"log_weights": ("draw", np.asarray(diag.log_weights, dtype=float))}
     if diag.log_ratios is not None:
         data_vars["log_ratios"] = ("diagnostic_draw", np.asarray(diag.log_ratios, dtype=float))
-    attrs = {k: _attr_value(v) for k, v in diag.to_dict().items() if k != "warnings"}
+    attrs = {k: attr_value(v) for k, v in diag.to_dict().items() if k != "warnings"}
     attrs["warnings"] = json.dumps(list(diag.warnings))
     return Dataset(data_vars, coords={"draw": np.arange(len(diag.log_weights))}, attrs=attrs)
 

@@ -7,11 +7,12 @@ stopping reason and the oracle counts.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
-MODELS = Path(__file__).resolve().parent.parent / "stan_models"
+from stanvi.evaluation.models import MODELS_DIR
+
+MODELS = MODELS_DIR
 
 
 def main() -> None:

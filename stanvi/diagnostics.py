@@ -75,7 +75,7 @@ from stanvi.psis import MIN_DRAWS, importance_ess, psis, resample_indices
 # import them from this one.
 from stanvi.diagnostic_draws import DIAG_MAX_DRAWS, DIAG_MIN_DRAWS, DIAG_WORK  # noqa: F401
 from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: F401
-from stanvi.psis import _logsumexp, gpdfit, psislw, tail_draws  # noqa: F401
+from stanvi.psis import log_sum_exp, gpdfit, psislw, tail_draws  # noqa: F401
 
 VERDICTS = ("good", "use with care", "unreliable")
 GOOD_K = 0.5  # Yao et al. 2018: below 0.5 the approximation is close to the posterior
@@ -351,8 +351,8 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
         labels = [names[i] if i < len(names) else f"coordinate {i + 1}" for i in collapsed[:5]]
         d.verdict = "unreliable"
         d.warnings.insert(0, f"q has collapsed to a point in {', '.join(labels)}"
-                             f"{' ...' if len(collapsed) > 5 else ''} (its draws do not vary "
-                             f"there): no posterior is a point, and k-hat cannot judge it")
+                          f"{' ...' if len(collapsed) > 5 else ''} (its draws do not vary "
+                          f"there): no posterior is a point, and k-hat cannot judge it")
     if resample and not np.isfinite(d.log_weights).any():
         d.warnings.append("no draw has a finite weight: nothing to resample")
     elif resample:

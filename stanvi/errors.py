@@ -1,4 +1,4 @@
-"""The exception types stanvi raises: one per kind of failure (DESIGN.md, "Conventions").
+"""The exception types stanvi raises: one per kind of failure (docs/architecture.md#conventions).
 
 Every exception carries a message meant for a person: what went wrong, where, and (for Stan)
 the compiler's or the model's own words.

@@ -73,7 +73,7 @@ def check_seed(seed) -> int:
     return int(seed)
 
 
-def _check_arguments(draws, max_oracle_calls) -> None:
+def check_arguments(draws, max_oracle_calls) -> None:
     """Arguments a fit cannot run with, named, before anything is compiled."""
     if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
         raise ValueError(f"draws must be a positive integer (the number of output draws), "
@@ -85,7 +85,7 @@ def _check_arguments(draws, max_oracle_calls) -> None:
                          f"got {max_oracle_calls!r}")
 
 
-def _check_init(target: Target, init_mu: np.ndarray | None) -> None:
+def check_init(target: Target, init_mu: np.ndarray | None) -> None:
     """An unusable initial point is the user's input, not the model's failure (issue T3-2 item
     11: ``init=[1e300, 1e300]`` was reported as "the posterior may be improper"): name the
     coordinates that are not finite or beyond 1e15 (no posterior mean of a Stan model is; it is
@@ -118,7 +118,7 @@ def _check_init(target: Target, init_mu: np.ndarray | None) -> None:
                              f"is not finite ({why})")
 
 
-def _check_memory(family, draws: int) -> None:
+def check_memory(family, draws: int) -> None:
     """Refuse a family whose log q at the diagnostic draws would not fit in the memory available
     (the family's ``peak_bytes``; the mixture's grows with components × draws × D), before any
     work, with the figures."""
@@ -137,7 +137,7 @@ def _check_memory(family, draws: int) -> None:
                       f"{getattr(family, 'n_components', '?')}) or fewer draws")
 
 
-def _initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.ndarray]:
+def initial_mu(target: Target, init, seed: int) -> tuple[np.ndarray | None, np.ndarray]:
     """(user's initial mean or None, Stan-style random initial mean)."""
     d = target.dim
     if hasattr(target, "initial_point"):

@@ -1,4 +1,4 @@
-"""JAX settings stanvi relies on: float64 everywhere (DESIGN.md) and JAX's persistent compilation
+"""JAX settings stanvi relies on: float64 everywhere (docs/architecture.md#conventions) and JAX's persistent compilation
 cache, so a new process (a script, a notebook kernel, a CLI call) that fits a model fitted before
 loads its compiled step functions from disk instead of compiling them again.
 

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.arviz_io import _jsonable, log_g, mean_row, require_zarr, save_netcdf, save_zarr
+from stanvi.arviz_attrs import jsonable
+from stanvi.arviz_io import log_g, mean_row, require_zarr, save_netcdf, save_zarr
 from stanvi.errors import OutputError
 from stanvi.stan.names import element_labels
 
@@ -86,7 +87,7 @@ def cmdstan_variational_config(fit) -> dict[str, Any]:
     ``from_csv``, which checks them) accept the file.  ``eta`` is ADVI's adapted step-size
     scale; the other methods adapt none and write CmdStan's default 1.  stanvi's own settings
     are in the ``stanvi_*`` keys."""
-    opts = _jsonable(fit.options)
+    opts = jsonable(fit.options)
     opts = opts if isinstance(opts, dict) else {}
     config: dict[str, Any] = {}
     for key, names in _CMDSTAN_COUNTERPARTS.items():
@@ -150,7 +151,7 @@ def _header_lines(fit, data_file: str | None, output_file: str | None) -> list[s
         f"  stanvi_family = {fit.family_name}",
         f"  stanvi_profile = {fit.profile}",
     ]
-    opts = _jsonable(fit.options)
+    opts = jsonable(fit.options)
     if isinstance(opts, dict):
         lines += [f"  stanvi_option_{k} = {v}" for k, v in opts.items()]
     return lines

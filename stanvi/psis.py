@@ -3,7 +3,7 @@ sample size of importance weights, and resampling by weight (Vehtari, Simpson, G
 Gabry 2024, "Pareto smoothed importance sampling", JMLR 25(72); docs/algorithms.md#pareto-k).
 
 The smoothing is arviz-stats' PSIS (``array_stats.psislw``, version 1.3) transcribed operation
-for operation into NumPy (:func:`psislw`, :func:`gpdfit`, :func:`_logsumexp`), so that a fit
+for operation into NumPy (:func:`psislw`, :func:`gpdfit`, :func:`log_sum_exp`), so that a fit
 does not import arviz-stats: its only array-level entry point, ``arviz_stats.base.array_stats``,
 imports the package (xarray, pandas, xarray-einstats) and ``scipy.stats``/``scipy.signal``,
 about 1 s of a new process's first fit (issue 8, part 3).  ``tests/test_diagnostics.py`` checks
@@ -26,7 +26,7 @@ MIN_DRAWS = 25  # PSIS fits the largest S/5 ratios (for S ≤ 225) and needs at 
 # ``logsumexp`` for real 1-D input, keeping their order of floating-point operations so the
 # results agree to rounding (the tests compare them on random inputs).
 
-def _logsumexp(a: np.ndarray) -> float:
+def log_sum_exp(a: np.ndarray) -> float:
     """log Σ exp(a) for a real 1-D array, as ``scipy.special.logsumexp`` computes it: the
     maximal elements are taken out of the sum, log Σ = log1p(s/m) + log m + max, where m
     counts the maximal elements and s sums exp(a − max) over the others."""
@@ -71,7 +71,7 @@ def gpdfit(x: np.ndarray) -> tuple[float, float]:
     b_ary += 1 / x[-1]
     k_ary = np.mean(np.log1p(-b_ary[:, None] * x), axis=1)
     len_scale = n * (np.log(-b_ary / k_ary) - k_ary - 1)
-    w_theta = np.exp(len_scale - _logsumexp(len_scale))
+    w_theta = np.exp(len_scale - log_sum_exp(len_scale))
     real = w_theta >= 10 * np.finfo(float).eps  # drop negligible weights
     if not np.all(real):
         w_theta = w_theta[real]
@@ -121,7 +121,7 @@ def psislw(log_ratios: np.ndarray, r_eff: float = 1.0) -> tuple[np.ndarray, floa
         smoothed = np.log(_gpinv(p, khat, sigma, np.exp(cutoff)))
         smoothed[smoothed > max_tail] = max_tail
         ary[ordered[tail_ids]] = smoothed
-    ary -= _logsumexp(ary)
+    ary -= log_sum_exp(ary)
     return ary, khat
 
 

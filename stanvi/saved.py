@@ -23,7 +23,7 @@ import numpy as np
 
 from stanvi.diagnostics import Diagnostics
 from stanvi.errors import StanviError
-from stanvi.fit import Fit, FitTrace
+from stanvi.fit_result import Fit, FitTrace
 
 
 class SavedTarget:
@@ -53,7 +53,7 @@ class SavedTarget:
 
 @dataclass(repr=False)
 class SavedFit(Fit):
-    """A :class:`~stanvi.fit.Fit` read from disk by :func:`read`; ``path`` is where from and
+    """A :class:`~stanvi.fit_result.Fit` read from disk by :func:`read`; ``path`` is where from and
     ``tree`` the DataTree as saved."""
 
     path: Path | None = None

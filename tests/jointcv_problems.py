@@ -1,11 +1,11 @@
 """Small subsampled problems with exact −ELBO gradients, for the joint-CV tests
-(specs/joint_control_variate.md §6 preamble).
+(docs/jointcv.md#model).
 
 * Logistic regression ``y_n ~ Bern(sigmoid(x_nᵀz))``, ``z ~ N(0, I)``: for a Gaussian q (mean-field
   or full-rank) each a_n = x_nᵀz is N(x_nᵀμ, ‖Lᵀx_n‖²), so −ELBO is a sum of 1-D expectations,
   computed with 80-point Gauss–Hermite quadrature and differentiated by JAX (exact to ~1e-12).
 * Linear-Gaussian ``y_n ~ N(x_nᵀz, τ²)``: every k_n is quadratic (the joint CV's zero-variance
-  case, spec §6 test 3).
+  case, docs/jointcv.md#joint-estimator).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stanvi.bench.jointcv_bench import simulate as simulate_logistic  # spec §5.2 recipe (i)
+# the simulated logistic data of docs/jointcv.md#simulated-data
+from stanvi.bench.jointcv_bench import simulate as simulate_logistic
 from stanvi.targets.subsampled import JaxPerDatumTarget, logistic_regression_target
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(80)

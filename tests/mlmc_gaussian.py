@@ -1,9 +1,9 @@
-"""The reference Gaussian of specs/mlmcvi.md §5.4 for the MLMCVI tests: p = N(μ*, P⁻¹) with
-D = 10, μ* = linspace(−2, 2, 10), P tridiagonal (2 on the diagonal, −0.5 off it), as a target
-whose batched gradient is plain NumPy (fast: the statistical tests make ~10⁵ calls), with the
-exact free energy F = −ELBO and its gradient in every coordinate system of
+"""The reference Gaussian of docs/mlmcvi.md#reference-gaussian for the MLMCVI tests:
+p = N(μ*, P⁻¹) with D = 10, μ* = linspace(−2, 2, 10), P tridiagonal (2 on the diagonal, −0.5 off
+it), as a target whose batched gradient is plain NumPy (fast: the statistical tests make ~10⁵
+calls), with the exact free energy F = −ELBO and its gradient in every coordinate system of
 :class:`stanvi.estimators.mlmc.Coordinates`, and the closed-form level variance V(λ, λ') of the
-direct-scale mean-field case (§5.4)."""
+direct-scale mean-field case."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def optimum_free_energy() -> float:
 
 
 def mf_excess(theta_direct: np.ndarray) -> float:
-    """F − F*_MF for a direct-scale mean-field θ = (m, v) (spec §5.4's exact formula)."""
+    """F − F*_MF for a direct-scale mean-field θ = (m, v), exact
+    (docs/mlmcvi.md#reference-gaussian)."""
     m, v = theta_direct[:D], theta_direct[D:]
     r = m - MU
     f = -np.sum(np.log(np.abs(v))) + 0.5 * (r @ P @ r + np.sum(np.diag(P) * v * v))
@@ -81,7 +82,8 @@ def mf_excess(theta_direct: np.ndarray) -> float:
 
 
 def level_variance(theta: np.ndarray, theta_prev: np.ndarray) -> float:
-    """V(λ, λ') = 2 Σ_ij P_ij² δs_j² + Σ_i P_ii² δs_i² + ‖P δm‖² (direct-scale MF, spec §5.4)."""
+    """V(λ, λ') = 2 Σ_ij P_ij² δs_j² + Σ_i P_ii² δs_i² + ‖P δm‖² (direct-scale MF;
+    docs/mlmcvi.md#reference-gaussian)."""
     delta = np.asarray(theta) - np.asarray(theta_prev)
     dm, ds = delta[:D], delta[D:]
     return float(2 * np.sum(P ** 2 * ds[None, :] ** 2) + np.sum(np.diag(P) ** 2 * ds ** 2)
@@ -89,9 +91,9 @@ def level_variance(theta: np.ndarray, theta_prev: np.ndarray) -> float:
 
 
 V0 = float(2 * np.sum(P ** 2) + np.sum(np.diag(P) ** 2) + np.sum((P @ MU) ** 2))
-"""V_0 at λ_0 = (m = 0, s = 1): 158.0617 exactly (spec §5.4)."""
+"""V_0 at λ_0 = (m = 0, s = 1): 158.0617 exactly (docs/mlmcvi.md#reference-gaussian)."""
 
-# c_min ‖δ‖² ≤ V(λ, λ') ≤ c_max ‖δ‖² (direct scale, exact; spec §5.4)
+# c_min ‖δ‖² ≤ V(λ, λ') ≤ c_max ‖δ‖² (direct scale, exact; docs/mlmcvi.md#reference-gaussian)
 _col = 2 * np.sum(P ** 2, axis=0) + np.diag(P) ** 2
 _sv = np.linalg.svd(P, compute_uv=False)
 C_MAX = float(max(_sv.max() ** 2, _col.max()))

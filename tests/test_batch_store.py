@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stanvi.batch.accuracy import labelled_draws, marginal_accuracy
+from stanvi.evaluation.accuracy import labelled_draws, marginal_accuracy
 from stanvi.batch.cli import parse_methods, parse_options
 from stanvi.batch.discover import ModelCase, load_data
 from stanvi.batch.posteriordb import discover_posteriordb, read_reference_draws

@@ -49,8 +49,8 @@ def test_a_run_on_a_model_with_reference_draws(load_target, tmp_path):
     target = load_target("gaussian_diag")
     rng = np.random.default_rng(0)
     reference = {f"z[{i}]": rng.normal(size=400) for i in (1, 2, 3)}
-    from stanvi.bench.methods_bench import discover_models  # noqa: PLC0415
-    from stanvi.bench.optima import MODELS_DIR  # noqa: PLC0415
+    from stanvi.evaluation.models import discover_models  # noqa: PLC0415
+    from stanvi.evaluation.optima import MODELS_DIR  # noqa: PLC0415
 
     (name, stan, data), = [m for m in discover_models(MODELS_DIR) if m[0] == "gaussian_diag"]
     case = peers.PeerCase(name, stan, str(data), reference)

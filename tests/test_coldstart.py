@@ -19,7 +19,7 @@ import pytest
 
 import stanvi
 from stanvi.bench import coldstart
-from stanvi.estimators.base import estimator_for
+from stanvi.estimators.registry import estimator_for
 from stanvi.estimators.elbo import ElboEstimator, bucket
 from stanvi.families import make_family
 

@@ -1,7 +1,8 @@
-"""The Rao-Blackwellized estimator (stanvi.discrete; spec rao_blackwellized_discrete.md §4):
-exactness, reduction to the base, unbiasedness and the variance bounds by exact enumeration over
-the remainder draw, Prop. 2's budget rule, the baseline pitfall, edge cases, the product helpers,
-and the paper's toy problem (E1: the spec's variance table and the exact SGD path)."""
+"""The Rao-Blackwellized estimator (stanvi.discrete; docs/discrete.md#rb-estimator, checked as
+docs/discrete.md#rb-checks lists): exactness, reduction to the base, unbiasedness and the variance
+bounds by exact enumeration over the remainder draw, Prop. 2's budget rule, the baseline pitfall,
+edge cases, the product helpers, and the paper's toy problem (docs/discrete.md#toy-problem: its
+exact variance table and the exact SGD path)."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def enumerate_rb(inst: Instance, k: int, shared_baseline: bool = False):
     return mean, w @ (g - mean) ** 2, eps
 
 
-# ----------------------------------------------------------------- 1-3: exactness, reduction, unbiasedness
+# --------------------------------------------------------------- exactness, reduction, unbiasedness
 def _rb_fn(K, **kwargs):
     """jit(grad) of rao_blackwell for random keys on an Instance's parameters."""
     def grad(key, eta, c, d, dep):
@@ -201,7 +202,7 @@ def test_monte_carlo_mean_within_4se():
         assert np.all(np.abs(g.mean(0) - want) <= 4 * se + 1e-12), (kwargs, g.mean(0), want, se)
 
 
-# ----------------------------------------------------------------- 4-5: variance
+# ----------------------------------------------------------------- variance (Prop. 1)
 def test_variance_formula_prop1_and_monotone():
     """Exact Var ĝ_k = ε_k² Var_{q|C̄}[g] ≤ ε_k Var_q[g] (Prop. 1), non-increasing in k, for the
     deterministic base; ≤ ε_k Var g and non-increasing for the shared baseline too."""
@@ -232,7 +233,8 @@ def test_variance_formula_prop1_and_monotone():
 
 
 def test_toy_variance_table():
-    """Spec §3 E1 at η = −4 (exact, for the set lax.top_k chooses) and η = 0 (k = 0, k ≥ 7)."""
+    """The toy problem's variance table (docs/discrete.md#toy-problem) at η = −4 (exact, for the
+    set lax.top_k chooses) and η = 0 (k = 0, k ≥ 7)."""
     table = {  # k: (ε_k, RB-REINFORCE, RB-RF+ shared, RB-RF+ independent)
         0: (1.0, 3.356e-2, 7.519e-4, 7.519e-4),
         1: (0.05299, 5.063e-5, 2.925e-5, 3.313e-5),
@@ -252,7 +254,7 @@ def test_toy_variance_table():
                 assert var < 1e-20, (k, base, var)
             else:
                 assert abs(var / want - 1) < 1e-3, (k, base, var, want)
-    # the factor-ε bound fails for per-term baselines (spec §4 item 4)
+    # the factor-ε bound fails for per-term baselines (docs/discrete.md#variance-bounds)
     _, var4 = exact_moments(toy_log_probs, toy_f, -4.0, top_set(lp, 4),
                             reinforce("independent_sample"))
     assert var4 > table[4][0] * 7.519e-4
@@ -293,13 +295,14 @@ def test_toy_monte_carlo_variance_and_reduction():
 
 
 def test_toy_exact_sgd_path():
-    """The exact-gradient SGD path of E1 (lr 1, from η = −4) to 1e-3 of the spec's values."""
+    """The exact-gradient SGD path of the toy problem (lr 1, from η = −4) to 1e-3 of reference
+    losses at steps 100, 250, 500 and 1000 (docs/discrete.md#toy-problem)."""
     losses = sgd_paths(jax.random.PRNGKey(0), estimator="exact", n_trials=1)
     np.testing.assert_allclose(losses[0, [99, 249, 499, 999]], [0.8458, 0.8374, 0.6786, 0.6721],
                                atol=1e-3)
 
 
-# ----------------------------------------------------------------- 6: budget rule (Prop. 2)
+# ----------------------------------------------------------------- budget rule (Prop. 2)
 def test_prop2_budget_rule():
     """ε_k̂/(N−k̂) ≤ 1/N for random q and every budget N < K; the budget rule's estimate equals
     the static rule's for the same k̂ bit for bit (same key)."""
@@ -347,7 +350,7 @@ def test_prop2_variance_by_enumeration():
         assert np.all(pr @ (g - mean) ** 2 <= var_g / N + 1e-12)
 
 
-# ----------------------------------------------------------------- 7: baseline pitfall
+# ----------------------------------------------------------------- baseline pitfall
 def test_baseline_only_on_remainder_is_biased_by_minus_b_grad_eps():
     inst = Instance(50, 6)
     b, k = 1.7, 2
@@ -378,7 +381,7 @@ def test_baseline_only_on_remainder_is_biased_by_minus_b_grad_eps():
     np.testing.assert_allclose(right, exact_grad(inst), atol=TOL, rtol=0)
 
 
-# ----------------------------------------------------------------- 8: ties and edge cases
+# ----------------------------------------------------------------- ties and edge cases
 def test_summed_set_depends_on_q_only():
     lp = jax.nn.log_softmax(jnp.asarray([0.3, 2.0, -1.0, 2.0, 0.1]))
     f = lambda idx: idx.astype(jnp.float64)  # noqa: E731
@@ -433,7 +436,7 @@ def test_bad_arguments():
         rao_blackwell(jax.random.PRNGKey(0), lp, lambda i: i * 1.0, k=1, base=reinforce("ema"))
 
 
-# ----------------------------------------------------------------- 9: product of categoricals
+# ----------------------------------------------------------------- product of categoricals
 def test_joint_top_k_matches_brute_force():
     rng = np.random.default_rng(60)
     for _ in range(15):

@@ -434,7 +434,7 @@ def test_gradient_with_redraws_all_fail_raises(truncated_est):
 
 def test_every_method_names_a_registered_estimator_and_fit_builds_it(eight_schools):
     from stanvi import methods
-    from stanvi.estimators.base import ESTIMATORS, estimator_for
+    from stanvi.estimators.registry import ESTIMATORS, estimator_for
 
     for name, module in methods.METHODS.items():
         assert module.ESTIMATOR in ESTIMATORS, name

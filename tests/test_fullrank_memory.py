@@ -176,9 +176,9 @@ def test_trace_keeps_iterates_within_its_byte_cap():
 
 
 def test_advi_chunk_and_refinement_hessian_sizes():
-    assert advi_sgd._chunk_for(MeanField(10)) == advi_sgd._CHUNK
-    assert advi_sgd._chunk_for(FullRank(100)) == advi_sgd._CHUNK
-    assert advi_sgd._chunk_for(FullRank(2000)) == 8           # 8 × 16 MB of history, not 100
+    assert advi_sgd.chunk_for(MeanField(10)) == advi_sgd._CHUNK
+    assert advi_sgd.chunk_for(FullRank(100)) == advi_sgd._CHUNK
+    assert advi_sgd.chunk_for(FullRank(2000)) == 8           # 8 × 16 MB of history, not 100
     assert hessian_draws(MeanField(2000), 256) == 256
     assert hessian_draws(FullRank(20), 256) == 256
     assert hessian_draws(FullRank(500), 256) == 1002      # > D: a non-singular sampled Hessian

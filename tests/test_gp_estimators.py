@@ -1,7 +1,7 @@
-"""QSGP estimators (spec quadruply_stochastic_gp.md §2, §7 tests 1–3, 6): the exact ELBO identity,
-exact unbiasedness of the Gaussian ELBO estimator and of its gradient by enumerating every index
-draw on tiny problems (no Monte Carlo: the expectation equals the exact value to rounding), and
-the corrected lower bound for logistic and Laplace likelihoods.
+"""QSGP estimators (docs/gp.md#objective): the exact ELBO identity, exact unbiasedness of the
+Gaussian ELBO estimator and of its gradient by enumerating every index draw on tiny problems (no
+Monte Carlo: the expectation equals the exact value to rounding), and the corrected lower bound
+for logistic and Laplace likelihoods.
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ def estimator_fn(model, sz, data):
 
 
 def random_draws(sz, num, seed):
-    """``num`` iid (l~, i~, j~, r~) draws with the distribution of E.draw_indices (spec §1.5:
-    iid uniform with replacement; r~ from {k..m−1}), drawn with numpy: no compiled program."""
+    """``num`` iid (l~, i~, j~, r~) draws with the distribution of E.draw_indices
+    (docs/gp.md#sampling: iid uniform with replacement; r~ from {k..m−1}), drawn with numpy: no
+    compiled program."""
     rng = np.random.default_rng(seed)
     return tuple(jnp.asarray(rng.integers(lo, hi, (num, size)))
                  for lo, hi, size in ((0, sz.n, sz.nt), (0, sz.m, sz.mt), (0, sz.m, sz.mt),
@@ -113,19 +114,19 @@ def all_draws(n, m, k, nt, mt, mr):
             jnp.asarray(rs[grid[:, 3]]))
 
 
-# ------------------------------------------------------------------ test 1: exact ELBO identity
+# ------------------------------------------------------------------ exact ELBO identity
 
 @pytest.mark.parametrize("basis", ["rff", "inducing"])
 def test_exact_elbo_eq2_identity(basis):
-    """Spec §2.1: −½(L_μ + L_Σ + L_const) equals E_q log p(y|w) − KL(q‖p) (n = 60, m = 12,
-    full C; dense S for inducing points)."""
+    """docs/gp.md#exact-elbo: −½(L_μ + L_Σ + L_const) equals E_q log p(y|w) − KL(q‖p)
+    (n = 60, m = 12, full C; dense S for inducing points)."""
     model = make_problem(basis, n=60, m=12)
     mu, ld, L, _ = random_params(model, 12)
     p = VParams(mu, ld, L)
     assert model.exact_elbo_eq2(p) == pytest.approx(model.exact_elbo(p), abs=1e-10, rel=1e-12)
 
 
-# ------------------------------------------------------------------ test 2/3: exact enumeration
+# ------------------------------------------------------------------ exact enumeration
 
 CASES = [
     # (basis, family, nbar, nys): Thm 1 + diagonal columns + diag S; with the data-Gram CV;
@@ -144,8 +145,9 @@ CASES = [
 def test_gaussian_estimator_exactly_unbiased_by_enumeration(basis, family, nbar, nys):
     """E[ELBO^] = ELBO and E[∇ELBO^] = ∇ELBO (w.r.t. μ, log c_rr, L, θ and the RVM's log s),
     the expectation taken exactly over every (l~, i~, j~, r~) with n = 4, m = 4, n~ = m~ = 2
-    (repeated indices occur): spec §7 tests 2–3 [review], A5 (the |U| rescaling); with the
-    control variates (data-Gram, Nyström) the mean is unchanged, i.e. they have mean zero."""
+    (repeated indices occur; docs/gp.md#unbiased), the m/|U| rescaling of the sparse gradient
+    included (docs/gp.md#control-variates); with the control variates (data-Gram, Nyström) the
+    mean is unchanged, i.e. they have mean zero."""
     model = make_problem(basis, n=4, m=4)
     k = family.num_dense(model.m)
     mu, ld, L, logs = random_params(model, k)
@@ -173,8 +175,9 @@ def test_gaussian_estimator_exactly_unbiased_by_enumeration(basis, family, nbar,
 
 
 def test_control_variate_reduces_variance():
-    """Spec §7 test 4: the data-Gram CV (n_bar = n/3) leaves the mean unchanged and lowers the
-    variance of the ELBO estimate for smooth RFF data (Var(with)/Var(without) < 0.7)."""
+    """The data-Gram CV (docs/gp.md#control-variates; n_bar = n/3) leaves the mean unchanged
+    and lowers the variance of the ELBO estimate for smooth RFF data
+    (Var(with)/Var(without) < 0.7)."""
     model = make_problem("rff", n=60, m=12, seed=2)
     mu, ld, L, _ = random_params(model, 0, seed=3)
     out = {}
@@ -193,12 +196,13 @@ def test_control_variate_reduces_variance():
 
 
 def test_nystrom_control_variate_is_mean_zero_and_reduces_variance():
-    """App. F.2 (i) (spec §2.5): on an inducing-point regression (Z = X, dense S = K), the
-    Nyström control variate with n_bar = 20 support inputs leaves the estimator's mean at the
-    exact ELBO (4 SE) and lowers its variance: Var(with)/Var(without) + 3 SE(ratio) < 1, the
-    ratio's SE by the delta method on the paired draws.  Both runs use the data-Gram CV; noisy
-    data (σ² = 10) give the prior term, the one the Nyström CV targets, a large share of the
-    variance (measured ratio 0.13; 0.86 at σ² = 1, where the data term dominates)."""
+    """App. F.2 (i) (docs/gp.md#control-variates): on an inducing-point regression (Z = X,
+    dense S = K), the Nyström control variate with n_bar = 20 support inputs leaves the
+    estimator's mean at the exact ELBO (4 SE) and lowers its variance: Var(with)/Var(without)
+    + 3 SE(ratio) < 1, the ratio's SE by the delta method on the paired draws.  Both runs use the
+    data-Gram CV; noisy data (σ² = 10) give the prior term, the one the Nyström CV targets, a
+    large share of the variance (measured ratio 0.13; 0.86 at σ² = 1, where the data term
+    dominates)."""
     X = np.random.default_rng(7).uniform(-1, 1, (40, 1))
     y = np.sin(3 * X[:, 0])
     model = gp.inducing_regression(X, y, lengthscale=0.5, variance=1.0, noise=10.0)
@@ -224,15 +228,16 @@ def test_nystrom_control_variate_is_mean_zero_and_reduces_variance():
     assert ratio < 0.3   # a substantial reduction, not just a significant one (measured 0.13)
 
 
-# ------------------------------------------------------------------ test 6: lower bound
+# ------------------------------------------------------------------ lower bound
 
 @pytest.mark.parametrize("lik", ["bernoulli_logit", "laplace"])
 def test_lower_bound_holds_and_tightens(lik):
-    """Spec §2.4 / §7 test 6: for logistic and Laplace likelihoods (n = 40, m = 20, Chevron(3))
-    E[ELBO_LB^] <= ELBO (+3 SE) for m~ in {5, 10, 20}, the gap shrinks as m~ grows, and the
-    deterministic full batch equals the exact ELBO.  n~ = n and m~_r = m − k throughout (the
-    row average is linear in the site terms and r~ enters only the unbiased KL part, so neither
-    moves the Jensen gap), which lets the m~ = 20 program also evaluate the full batch."""
+    """The corrected bound (docs/gp.md#lower-bound): for logistic and Laplace likelihoods
+    (n = 40, m = 20, Chevron(3)) E[ELBO_LB^] <= ELBO (+3 SE) for m~ in {5, 10, 20}, the gap
+    shrinks as m~ grows, and the deterministic full batch equals the exact ELBO.  n~ = n and
+    m~_r = m − k throughout (the row average is linear in the site terms and r~ enters only the
+    unbiased KL part, so neither moves the Jensen gap), which lets the m~ = 20 program also
+    evaluate the full batch."""
     model = make_problem("rff", lik, n=40, m=20, seed=4)
     family = gp.Chevron(3)
     mu, ld, L, _ = random_params(model, 3, seed=5, mu_scale=0.5)
@@ -258,9 +263,9 @@ def test_lower_bound_holds_and_tightens(lik):
 
 
 def test_paper_literal_variance_overestimates_when_s_below_one():
-    """A1 (spec §2.4): putting the *variance* s² in place of the sd s inside F (the paper's
-    Eq. 5) gives more than the true expected log-likelihood when s < 1, so it is not a bound;
-    the corrected F(a, s) is what stanvi uses."""
+    """The paper's Eq. 5 is no bound (docs/gp.md#lower-bound): putting the *variance* s² in
+    place of the sd s inside F gives more than the true expected log-likelihood when s < 1, so
+    it is not a bound; the corrected F(a, s) is what stanvi uses."""
     lik = gp.BernoulliLogit(nodes=101)
     a = jnp.asarray([0.1, -0.3, 0.5])
     s = jnp.asarray([0.3, 0.5, 0.8])

@@ -1,4 +1,4 @@
-"""stanvi.gp end to end (spec quadruply_stochastic_gp.md §4, §7 tests 5, 7, 8, 10; §8):
+"""stanvi.gp end to end (docs/gp.md#training, docs/gp.md#prediction, docs/gp.md#gpfit):
 closed-form site expectations and predictive densities against numerical integration,
 prediction formulas against brute force, the exact method against the exact GP, QSGP converging
 to the exact posterior, the control variate's bookkeeping, ``stanvi.fit`` dispatch and errors,
@@ -34,7 +34,7 @@ def _log_sig(u):
     return min(u, 0.0) - math.log1p(math.exp(-abs(u)))
 
 
-# ------------------------------------------------------------------ test 7: closed forms
+# ------------------------------------------------------------------ closed forms
 
 @pytest.mark.parametrize("a,s", [(0.3, 0.2), (-1.0, 1.5), (2.0, 0.05), (0.0, 3.0)])
 def test_laplace_site_and_predictive_closed_forms(a, s):
@@ -60,7 +60,7 @@ def test_gaussian_site_closed_form():
 
 def test_logistic_quadrature():
     """GH-101 matches GH-200 to 1e-6 for s <= 3; the split rule (s > 2) matches adaptive
-    quadrature to 1e-10 for 1 <= s <= 100 (spec §2.4 [review]); also E σ for p(y* = 1)."""
+    quadrature to 1e-10 for 1 <= s <= 100 (docs/gp.md#site-functions); also E σ for p(y* = 1)."""
     a = jnp.linspace(-5, 5, 11)
     for s in (0.1, 1.0, 2.0):   # GH region of the hybrid rule
         s_ = jnp.full_like(a, s)
@@ -78,7 +78,7 @@ def test_logistic_quadrature():
                 pytest.approx(wp, abs=1e-6)
 
 
-# ------------------------------------------------------------------ test 10: prediction formulas
+# ------------------------------------------------------------------ prediction formulas
 
 def _small_data(n=80, d=2, seed=0, noise=0.1):
     rng = np.random.default_rng(seed)
@@ -101,8 +101,8 @@ def test_predictive_moments_match_brute_force():
 
 
 def test_exact_method_with_inducing_points_is_the_exact_gp():
-    """Z = X reproduces the exact GP posterior mean (spec §1.2); Prop 4's augmented variance is
-    >= the plain one and tends to k** far from the data (spec §7 test 10)."""
+    """Z = X reproduces the exact GP posterior mean (docs/gp.md#bases); Prop 4's augmented
+    variance is >= the plain one and tends to k** far from the data (docs/gp.md#prediction)."""
     X, y, _ = _small_data(n=40)
     model = gp.inducing_regression(X, y, lengthscale=0.6, variance=1.0, noise=0.05)
     res = stanvi.fit(model, method="exact")
@@ -172,14 +172,14 @@ def test_exact_method_is_the_gp_of_its_kernel_and_rff_approaches_the_se_gp():
     assert np.max(np.abs(var - gp_var)) < 0.02
 
 
-# ------------------------------------------------------------------ test 5, 8: QSGP converges
+# ------------------------------------------------------------------ QSGP converges
 
 def test_qsgp_converges_towards_exact_posterior():
-    """Full C on a tiny problem (n = 200, m = 20, m~ = 10; spec §7 test 8b): the exact ELBO of
-    QSGP's final q is within 4 nats of the log evidence after 10⁴ steps (1.2 after 2·10⁴ with a
-    faster decay) (the family contains the exact
-    posterior), its predictive mean is within a fraction of the exact posterior sd of the exact
-    one, and the control-variate vector kept incrementally equals Φ0[p] μ (Prop 3, test 5).
+    """Full C on a tiny problem (n = 200, m = 20, m~ = 10): the exact ELBO of QSGP's final q is
+    within 4 nats of the log evidence after 10⁴ steps (1.2 after 2·10⁴ with a faster decay) (the
+    family contains the exact posterior), its predictive mean is within a fraction of the exact
+    posterior sd of the exact one, and the control-variate vector kept incrementally equals
+    Φ0[p] μ (Prop 3; docs/gp.md#control-variates).
     (AdaGrad's 1/√t convergence on such a small, strongly correlated problem is slow: the
     paper's regime is m in the 10⁴–10⁷ range.)"""
     X, y, _ = _small_data(n=200, noise=0.3)
@@ -201,10 +201,10 @@ def test_qsgp_converges_towards_exact_posterior():
 
 
 def test_qsgp_small_regression_reaches_the_exact_posterior_mean():
-    """Spec §7 test 8(a) on the spec's §6.4 small regression (n = 5000, m = 500 RFF, d = 2,
+    """The small accuracy check of docs/gp.md#small-check (n = 5000, m = 500 RFF, d = 2,
     σ = 0.1, m~ = n~ = 100, 2·10⁴ AdaGrad steps at a constant lr 0.1, no control variate):
     the predictive mean's relative error to the exact posterior's is below 0.1 (measured 0.060;
-    the spec's prototype 0.059), and far below where it started (1.0 at μ = 0)."""
+    the design prototype's 0.059), and far below where it started (1.0 at μ = 0)."""
     from stanvi.gp.bench import simulate
 
     X, y, _ = simulate(6000, "gaussian", seed=0, d=2)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import stanvi
-from stanvi.estimators.base import estimator_for, host_path
+from stanvi.estimators.registry import estimator_for, host_path
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.estimators.fixed_sample import moment_matched
 from stanvi.estimators.host import HostElboEstimator

@@ -1,11 +1,12 @@
 """The doubly-stochastic gradient estimators naive / cv / joint (SAGA, SVRG) / inc
-(specs/joint_control_variate.md §2–§3 and its test list §6; Wang, Geffner & Domke 2024, Eqs. 4,
-5, 9, 13) on JAX per-datum targets with exact −ELBO gradients (tests/jointcv_problems.py).
+(docs/jointcv.md#joint-estimator, docs/jointcv.md#svrg, docs/jointcv.md#baselines; Wang, Geffner
+& Domke 2024, Eqs. 4, 5, 9, 13) on JAX per-datum targets with exact −ELBO gradients
+(tests/jointcv_problems.py).
 
 Unbiasedness is judged against the estimator's own measured variance: the standardized mean
 error z_j = (mean_j − exact_j)/(sd_j/√R) over R independent estimates, Σ z_j² against the χ²_P
 quantile at 1 − 1e-4.  The same check rejects a deliberately biased estimator (the paper's
-literal Alg. 1 initialization of G, spec §8 item 3), so it has power at this R.
+literal Alg. 1 initialization of G, docs/jointcv.md#g-init), so it has power at this R.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from jointcv_problems import (exact_neg_elbo, linear_gaussian_mu_gradient,
                               linear_gaussian_problem, logistic_problem)
 from stanvi.estimators.incremental import Incremental
 from stanvi.estimators.joint_cv import JointSAGA, JointSVRG
-from stanvi.estimators.subsampled import Naive, make_estimator
+from stanvi.estimators.registry import make_estimator
+from stanvi.estimators.subsampled import Naive
 from stanvi.estimators.taylor_cv import TaylorCV
 from stanvi.families.gaussian import FullRank, MeanField
 
@@ -42,8 +44,8 @@ def _restore(est, saved):
 
 
 def estimates(est, params, rng, reps: int, *, per_datum: bool = False) -> np.ndarray:
-    """R estimates on i.i.d. uniform batches without replacement (spec §8 item 17), each from
-    the same estimator state (restored after every call)."""
+    """R estimates on i.i.d. uniform batches without replacement (docs/jointcv.md#unstated),
+    each from the same estimator state (restored after every call)."""
     saved = _state(est)
     out = np.empty((reps, len(params)))
     for r in range(reps):
@@ -94,7 +96,7 @@ CASES = [("naive", MeanField, {}), ("cv", MeanField, {}),
                          ids=[f"{c[0]}-{c[1].__name__}-{'-'.join(map(str, c[2].values()))}"
                               for c in CASES])
 def test_unbiased_against_exact_gradient(problem, name, fam, opts):
-    """Spec §6 test 2: every estimator's mean equals ∇(−ELBO) within its own sampling error."""
+    """Every estimator's mean equals ∇(−ELBO) within its own sampling error."""
     target, X, y = problem
     family = fam(D) if fam is MeanField else fam(D, diagonal="log")
     rng = np.random.default_rng(11)
@@ -119,7 +121,8 @@ def test_unbiased_against_exact_gradient(problem, name, fam, opts):
 
 
 def test_unbiased_per_datum_eps(problem):
-    """Spec §1.3 option and §6 test 2: one ε per datum keeps naive and joint unbiased."""
+    """``per_datum_eps`` (docs/jointcv.md#minibatches): one ε per datum keeps naive and joint
+    unbiased."""
     target, X, y = problem
     family = MeanField(D)
     rng = np.random.default_rng(5)
@@ -134,7 +137,7 @@ def test_unbiased_per_datum_eps(problem):
 
 def test_check_rejects_the_literal_g_initialization(problem):
     """The check above has power: with G from the *current* w instead of the stored entries
-    (paper Alg. 1 as printed, spec §8 item 3) the joint estimator is biased and fails it."""
+    (paper Alg. 1 as printed; docs/jointcv.md#g-init) the joint estimator is biased and fails it."""
     target, X, y = problem
     family = MeanField(D)
     rng = np.random.default_rng(7)
@@ -148,7 +151,8 @@ def test_check_rejects_the_literal_g_initialization(problem):
 
 
 def test_cv_vector_closed_form(problem):
-    """Spec §6 test 1: c_n(m, s; ε) + c_n(m, s; −ε) = 2∇k_n(m)."""
+    """The HVP term is odd in ε (docs/jointcv.md#surrogate): c_n(m, s; ε) + c_n(m, s; −ε) =
+    2∇k_n(m)."""
     target, _, _ = problem
     rng = np.random.default_rng(2)
     idx = np.arange(10)
@@ -165,9 +169,9 @@ def test_cv_vector_closed_form(problem):
 
 
 def test_zero_variance_in_the_quadratic_case():
-    """Spec §6 test 3: linear-Gaussian k_n, table at the current w: every joint estimate of the
-    μ-block is the exact gradient; with hvp_scale='current' and a stale table it does not depend
-    on ε."""
+    """The joint CV's zero-variance case (docs/jointcv.md#joint-estimator): linear-Gaussian k_n,
+    table at the current w: every joint estimate of the μ-block is the exact gradient; with
+    hvp_scale='current' and a stale table it does not depend on ε."""
     target, X, y, tau = linear_gaussian_problem()
     n, d = X.shape
     family = MeanField(d)
@@ -208,15 +212,16 @@ def _mu_variance(est, params, rng, reps=3000) -> float:
 
 
 class _PaperSignJoint(JointSAGA):
-    """k_n with the paper's App. F sign (spec §8 item 1)."""
+    """k_n with the paper's App. F sign (docs/jointcv.md#sign-fix)."""
 
     surrogate_sign = -1.0
 
 
 def test_variance_ordering_and_sign_guard(problem):
-    """Spec §6 tests 5–6 at the optimum, table = current w: V[joint] < V[cv] ≤ V[naive] on the
-    μ-block, V[cv] at least the subsampling floor, and the paper's literal sign *raises* the
-    variance above naive's (so the ordering check fails for it)."""
+    """At the optimum, table = current w: V[joint] < V[cv] ≤ V[naive] on the μ-block, V[cv] at
+    least the subsampling floor (docs/jointcv.md#noise-sources), and the paper's literal sign
+    *raises* the variance above naive's (docs/jointcv.md#sign-fix; so the ordering check fails
+    for it)."""
     target, X, y = problem
     family = MeanField(D)
     params = _optimum(family, X, y)
@@ -239,9 +244,10 @@ def test_variance_ordering_and_sign_guard(problem):
 
 
 def test_saga_table_update_rules(problem):
-    """Spec §6 test 4 and §2.3's order: after warm-up and main iterations of SGD, every table row
-    holds the pre-step parameters of its last visit, G equals the stored gradients' mean and the
-    mean recomputed from the model at the stored means (≤ 1e-9 relative)."""
+    """The table's update order (docs/jointcv.md#table): after warm-up and main iterations of
+    SGD, every table row holds the pre-step parameters of its last visit, G equals the stored
+    gradients' mean and the mean recomputed from the model at the stored means (≤ 1e-9
+    relative)."""
     target, _, _ = problem
     family = MeanField(D)
     rng = np.random.default_rng(4)
@@ -269,8 +275,8 @@ def test_saga_table_update_rules(problem):
 
 
 def test_svrg_bookkeeping(problem):
-    """Spec §6 test 8: the snapshot is refreshed exactly every K calls, ḡ is the full-data
-    gradient at μ̃."""
+    """The SVRG form (docs/jointcv.md#svrg): the snapshot is refreshed exactly every K calls,
+    ḡ is the full-data gradient at μ̃."""
     target, _, _ = problem
     family = MeanField(D)
     rng = np.random.default_rng(8)
@@ -286,8 +292,8 @@ def test_svrg_bookkeeping(problem):
 
 
 def test_term_counts(problem):
-    """Spec §2.4: per term and iteration, joint-SAGA costs 2 gradients + 1 HVP, cv 1 + 1,
-    naive 1; inc N + b gradients."""
+    """The oracle counts of docs/jointcv.md#cost: per term and iteration, joint-SAGA costs 2
+    gradients + 1 HVP, cv 1 + 1, naive 1; inc N + b gradients."""
     target, _, _ = problem
     family = MeanField(D)
     rng = np.random.default_rng(1)

@@ -1,4 +1,5 @@
-"""method='jointcv' on JAX per-datum targets (stanvi/methods/jointcv.py; spec §2.3, §4)."""
+"""method='jointcv' on JAX per-datum targets (stanvi/methods/jointcv.py; docs/jointcv.md#table,
+docs/jointcv.md#defaults)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def test_plain_log_density_is_refused():
 
 
 def test_joint_beats_naive_and_counts(australian_like):
-    """Spec §6 test 7 (synthetic Australian size, SGD, b = 5, lr 1e-3): joint ends at a higher
-    exact ELBO than naive and cv; the warm-up is one epoch (138 iterations) and the term counts
-    follow spec §2.4; the same seed gives the same iterate."""
+    """Synthetic Australian size (docs/jointcv.md#simulated-data), SGD, b = 5, lr 1e-3: joint
+    ends at a higher exact ELBO than naive and cv; the warm-up is one epoch (138 iterations) and
+    the term counts follow docs/jointcv.md#cost; the same seed gives the same iterate."""
     target, X, y = australian_like
     from stanvi.families.gaussian import MeanField
 

@@ -1,6 +1,7 @@
-"""The Stan block target of spec §7.1 (stanvi/targets/stan_blocks.py): equality with the JAX
-per-datum target of the same model, the additivity validation accepting a decomposable model and
-refusing each non-decomposable kind with its message, and method='jointcv' on a Stan model."""
+"""The Stan block target of docs/jointcv.md#block-scheme (stanvi/targets/stan_blocks.py): equality
+with the JAX per-datum target of the same model, the additivity validation accepting a
+decomposable model and refusing each non-decomposable kind with its message, and
+method='jointcv' on a Stan model."""
 
 from __future__ import annotations
 
@@ -121,7 +122,8 @@ def test_row_variable_inference():
 
 def test_fit_jointcv_on_a_stan_model(logistic):
     """stanvi.fit(..., method='jointcv') on a Stan model: blocks built and validated, one warm-up
-    epoch, per-term oracle counts as spec §2.4, ELBO improves, Stan names in the draws."""
+    epoch, per-term oracle counts as docs/jointcv.md#cost, ELBO improves, Stan names in the
+    draws."""
     full, _ = logistic
     fit = stanvi.fit(full, method="jointcv", n_blocks=10, batch_size=2, max_iters=60,
                      learning_rate=2e-3, elbo_every=20, progress=False, seed=1)

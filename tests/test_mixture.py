@@ -1,7 +1,7 @@
 """The Gaussian-mixture family (stanvi.families.mixture) and its Rao-Blackwellized ELBO gradient
-(stanvi.discrete.mixture_elbo; spec rao_blackwellized_discrete.md §4 item 10, §5a): exact
-sampling and log q, moments, the enumerated RB gradient equal to the stratified one, and a fit of
-the bimodal stan_models model that finds both modes where a single Gaussian cannot."""
+(stanvi.estimators.mixture_rb; docs/discrete.md#mixture-estimator, docs/discrete.md#rb-checks):
+exact sampling and log q, moments, the enumerated RB gradient equal to the stratified one, and a
+fit of the bimodal stan_models model that finds both modes where a single Gaussian cannot."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 from scipy import stats
 
 import stanvi
-from stanvi.discrete.mixture_elbo import exact_log_p, mixture_calc_grad, surrogate
+from stanvi.estimators.mixture_rb import exact_log_p, mixture_calc_grad
+from stanvi.estimators.mixture_surrogate import surrogate
 from stanvi.discrete.rao_blackwell import columns_for, fixed_columns
 from stanvi.errors import VIError
 from stanvi.families import GaussianMixture, make_family
@@ -88,7 +89,7 @@ def test_family_options_and_registry():
     assert not hasattr(GaussianMixture(2), "entropy")   # no closed form: log p − log q per draw
 
 
-# ----------------------------------------------------------------- the RB gradient (spec §4 item 10)
+# ----------------------------------------------------- the RB gradient (docs/discrete.md#rb-checks)
 @functools.lru_cache(maxsize=None)
 def _grad_fn(fam: GaussianMixture):
     def grad(params, cols, eps):
@@ -169,23 +170,23 @@ def test_other_methods_refuse_the_mixture_with_the_reason():
 
 
 def test_mixture_mlmc_levels_are_the_rb_gradient_and_coupled():
-    """MLMCVI's per-slot rows for the mixture (stanvi.discrete.mixture_mlmc): their mean over n
+    """MLMCVI's per-slot rows for the mixture (stanvi.estimators.mixture_mlmc): their mean over n
     slots is minus the RB gradient with n draws per component (same columns, same draws), and a
     level difference at θ_t = θ_{t−1} is exactly zero (coupling: the same ξ in both terms)."""
-    from stanvi.discrete.mixture_elbo import _columns  # noqa: PLC0415
-    from stanvi.discrete.mixture_mlmc import free_energy_rows  # noqa: PLC0415
+    from stanvi.estimators.mixture_surrogate import columns  # noqa: PLC0415
+    from stanvi.estimators.mixture_mlmc import free_energy_rows  # noqa: PLC0415
 
     fam = GaussianMixture(2, n_components=6, component_budget=3)
     params = random_params(fam, 3)
     key = jax.random.PRNGKey(2)
     eps = jax.random.normal(jax.random.PRNGKey(8), (5, 3, 2))          # n = 5 slots, M = 3
     rows, ok = free_energy_rows(fam, log_density)(params, key, eps)
-    cols = _columns(fam, key, jax.lax.stop_gradient(fam.log_weights(params)))
+    cols = columns(fam, key, jax.lax.stop_gradient(fam.log_weights(params)))
     e = jnp.swapaxes(eps, 0, 1)
     want = -np.asarray(_grad_fn(fam)(params, cols, e))
     assert np.all(np.asarray(ok))
     np.testing.assert_allclose(np.asarray(rows).mean(0), want, atol=1e-12)
-    from stanvi.discrete.mixture_mlmc import MixtureMultilevel  # noqa: PLC0415
+    from stanvi.estimators.mixture_mlmc import MixtureMultilevel  # noqa: PLC0415
     from stanvi.targets.jax_target import JaxTarget  # noqa: PLC0415
 
     levels = MixtureMultilevel(JaxTarget(log_density, 2), fam, seed=0)
@@ -197,7 +198,8 @@ def test_mixture_mlmc_levels_are_the_rb_gradient_and_coupled():
 
 def test_mlmcvi_with_the_mixture_finds_both_modes():
     """mlmcvi (MLRG of the RB gradient) on stan_models/bimodal: both modes, ELBO near 0 (the
-    level-0 error of MLMC, spec mlmcvi §2.9, leaves it a few hundredths below: n0 = 64)."""
+    level-0 error of MLMC, docs/mlmcvi.md#persisting-error, leaves it a few hundredths below:
+    n0 = 64)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = stanvi.fit(*BIMODAL, method="mlmcvi", family="mixture", seed=1, progress=False,
@@ -273,9 +275,9 @@ def test_a_mixture_too_large_for_memory_is_refused_up_front(monkeypatch):
     class Plenty:
         available = 10 ** 15
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Plenty)
-    from stanvi.fit import _check_memory  # noqa: PLC0415
+    from stanvi.fit_inputs import check_memory  # noqa: PLC0415
 
-    _check_memory(fam, 1000)
+    check_memory(fam, 1000)
 
 
 @pytest.mark.parametrize("method", ["mlmcvi", "advi"])

@@ -1,5 +1,6 @@
-"""The simulated problems of ``stanvi bench mlmcvi`` (spec §5.1): dimensions, and the JAX log
-densities against scipy at random points (priors, likelihood and log-Jacobians)."""
+"""The simulated problems of ``stanvi bench mlmcvi`` (docs/mlmcvi.md#bench-problems): dimensions,
+and the JAX log densities against scipy at random points (priors, likelihood and
+log-Jacobians)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""The faithful MLMC estimator's error along a run (specs/mlmcvi.md §2.9, tests T4, T5, T6,
-T10): unbiased in total expectation, but with a mean-square error that never falls below
-V_0/N_0; the conditional (per-level) variance that decays with the step (Proposition 1); the
-excess free energy tr(H⁻¹Σ_0)/(2N_0) it leaves at the end; and its reduction by restarts
-([EXT] R1).  Reference Gaussian and settings of spec §5.4 (direct scale, N_0 = 100,
-α_0 = 0.05, β = 0.5, r = 100).  Tolerances are 4 standard errors measured from the runs."""
+"""The faithful MLMC estimator's error along a run (docs/mlmcvi.md#persisting-error): unbiased
+in total expectation, but with a mean-square error that never falls below V_0/N_0; the
+conditional (per-level) variance that decays with the step (Proposition 1); the excess free
+energy tr(H⁻¹Σ_0)/(2N_0) it leaves at the end; and its reduction by restarts (extension R1,
+docs/mlmcvi.md#extensions).  Reference Gaussian and settings of
+docs/mlmcvi.md#reference-gaussian (direct scale, N_0 = 100, α_0 = 0.05, β = 0.5, r = 100).
+Tolerances are 4 standard errors measured from the runs."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ CHECK = (0, 1, 10, 100, 300)
 
 
 def _grad_f(theta: np.ndarray) -> np.ndarray:
-    """∇F in the direct mean-field coordinates (spec §5.4): (P(m − μ*), P_ii v − 1/v)."""
+    """∇F in the direct mean-field coordinates (docs/mlmcvi.md#reference-gaussian):
+    (P(m − μ*), P_ii v − 1/v)."""
     m, v = theta[:D], theta[D:]
     return np.concatenate([P @ (m - MU), np.diag(P) * v - 1.0 / v])
 
@@ -78,8 +80,8 @@ def runs():
 
 
 def test_unbiased_in_total_expectation(runs):
-    """T4: over 200 runs, mean(G_t − ∇F(θ_t)) is 0 per coordinate within 4 s.e., t ∈ {0, 1, 10,
-    100, 300} (the level differences are unbiased, so the sum is)."""
+    """Over 200 runs, mean(G_t − ∇F(θ_t)) is 0 per coordinate within 4 s.e., t ∈ {0, 1, 10, 100,
+    300} (the level differences are unbiased, so the sum is)."""
     e, _ = runs
     for t in CHECK:
         mean = e[t].mean(axis=0)
@@ -88,7 +90,7 @@ def test_unbiased_in_total_expectation(runs):
 
 
 def test_error_persists_at_v0_over_n0(runs):
-    """T5 (derived form): ρ_t = mean‖e_t‖²/(V_0/N_0) lies in [1 − 4ŝe_t, 1 + a_t + 4ŝe_t] with
+    """The persisting error: ρ_t = mean‖e_t‖²/(V_0/N_0) lies in [1 − 4ŝe_t, 1 + a_t + 4ŝe_t] with
     a_t the closed-form later-level share — the level-0 error is never forgotten — and, paired
     per run, ‖e_t‖² − ‖e_0‖² has mean Σ_{s≤t} V_s/N_s (4 s.e.): the error does not decrease."""
     e, A = runs
@@ -107,8 +109,8 @@ def test_error_persists_at_v0_over_n0(runs):
 
 
 def test_the_persistence_check_catches_a_redrawn_level0():
-    """Negative control for T5: an estimator that re-draws level 0 every iteration (plain MC)
-    has ρ_300 ≈ 0.4, far below the faithful estimator's band."""
+    """Negative control for the persistence check: an estimator that re-draws level 0 every
+    iteration (plain MC) has ρ_300 ≈ 0.4, far below the faithful estimator's band."""
     R = 60
     e = np.array([_run(seed, 300, (300,), redraw_level0=True)[0][300] for seed in range(R)])
     sq = np.sum(e ** 2, axis=1)
@@ -118,7 +120,7 @@ def test_the_persistence_check_catches_a_redrawn_level0():
 
 
 def test_conditional_variance_decays_with_the_step():
-    """T6 (corrected form): along one run to T = 1000, the exact level variance V_t =
+    """The level variance decays with the step: along one run to T = 1000, the exact V_t =
     V(θ_t, θ_{t−1}) satisfies c_min‖δ_t‖² ≤ V_t ≤ c_max‖δ_t‖² at every level (Proposition 1);
     the fitted rate of log V_t against log‖δ_t‖² is 1 (± 0.05); V_1000/N_1000 is below 1e−6 of
     V_1/N_1; and the in-run estimate V̂_t (levels with N_t ≥ 2) is unbiased: mean(V̂_t/V_t) = 1
@@ -150,11 +152,12 @@ def test_conditional_variance_decays_with_the_step():
     assert abs(ratio.mean() - 1.0) <= 4 * ratio.std(ddof=1) / np.sqrt(ok.sum()), ratio.mean()
 
 
-# ----------------------------------------------------------------------------- T10 (the limit)
+# ----------------------------------------------------------------------------- the final excess
 
 def _predicted_excess(n0: int) -> float:
-    """tr(H⁻¹Σ_0)/(2N_0) (spec §2.9): H the exact Hessian of F at the mean-field optimum in the
-    direct coordinates, Σ_0 the per-draw gradient covariance at θ_0 (2·10⁵ draws)."""
+    """tr(H⁻¹Σ_0)/(2N_0) (docs/mlmcvi.md#persisting-error): H the exact Hessian of F at the
+    mean-field optimum in the direct coordinates, Σ_0 the per-draw gradient covariance at θ_0
+    (2·10⁵ draws)."""
     opt = np.concatenate([MU, 1.0 / np.sqrt(np.diag(P))])
     H = np.asarray(jax.hessian(lambda t: free_energy(COORDS, t))(jnp.asarray(opt)))
     eps = np.random.default_rng(99).standard_normal((200_000, D))
@@ -185,7 +188,7 @@ def faithful():
 
 @pytest.mark.slow
 def test_excess_free_energy_matches_v0_over_n0_formula(faithful):
-    """T10: the method's final excess F − F*_MF over 40 seeds is tr(H⁻¹Σ_0)/(2N_0) (≈ 0.242)
+    """The method's final excess F − F*_MF over 40 seeds is tr(H⁻¹Σ_0)/(2N_0) (≈ 0.242)
     within 4 s.e.; at the end G_T ≈ 0 (‖G_T‖² ≤ 1e−6 ‖∇F(θ_T)‖²: the run converged to the
     perturbed stationary point, not to the optimum); and plain MC at equal cost (N = 41) ends
     below 1e−3."""
@@ -205,7 +208,7 @@ def test_excess_free_energy_matches_v0_over_n0_formula(faithful):
 
 @pytest.mark.slow
 def test_excess_scales_as_one_over_n0(faithful):
-    """T10: quadrupling N_0 divides the excess by 4 (|r̂ − 4| ≤ 4 ŝe_r)."""
+    """Quadrupling N_0 divides the excess by 4 (|r̂ − 4| ≤ 4 ŝe_r)."""
     excess, _ = faithful
     big, _ = _final_excess(range(100, 130), n0=400)
     m1, m4 = excess.mean(), big.mean()
@@ -218,9 +221,9 @@ def test_excess_scales_as_one_over_n0(faithful):
 
 @pytest.mark.slow
 def test_restarts_reduce_the_excess(faithful):
-    """[EXT] R1: restarting level 0 every 100 iterations brings the excess to the spec's
-    measured 0.0188 (2000-seed reference, spec §3.2) within 4 s.e., more than 5x below the
-    faithful run, for 1.4% more gradient evaluations (41,492 against 40,900)."""
+    """Extension R1 (docs/mlmcvi.md#extensions): restarting level 0 every 100 iterations brings
+    the excess to 0.0188 (the mean of a 2000-seed reference run) within 4 s.e., more than 5x
+    below the faithful run, for 1.4% more gradient evaluations (41,492 against 40,900)."""
     excess, _ = faithful
     restarted, fits = _final_excess(range(40), restart_every=100)
     se = restarted.std(ddof=1) / np.sqrt(len(restarted))

@@ -1,8 +1,9 @@
 """The multilevel reparameterized gradient (stanvi/estimators/mlmc.py) on the reference Gaussian
-of specs/mlmcvi.md §5.4: the per-draw gradient against autodiff, level-0 and level-difference
-unbiasedness (T1, T2, T12), the level variance against its closed form (T2), coupling (T3), the
-G-form against the momentum form (T7), the noise-free reduction (T9), and the RQMC base draws.
-Every statistical tolerance is 4 standard errors estimated from the same replicates (spec §6)."""
+of docs/mlmcvi.md#reference-gaussian: the per-draw gradient against autodiff, level-0 and
+level-difference unbiasedness (mean-field and full-rank, both scales), the level variance
+against its closed form, coupling (docs/mlmcvi.md#levels), the G-form against the momentum form
+(docs/mlmcvi.md#update-rule), the noise-free reduction, and the RQMC base draws.
+Every statistical tolerance is 4 standard errors estimated from the same replicates."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def _mean_within(samples: np.ndarray, expected: np.ndarray, k: float = 4.0) -> N
 
 @pytest.mark.parametrize("family,scale", CASES)
 def test_per_draw_gradient_is_the_autodiff_gradient(family, scale, rng):
-    """spec §1.3's table equals ∇_θ[log q(T(ε;θ)) − log p(T(ε;θ))] by JAX autodiff."""
+    """The table of docs/mlmcvi.md#per-draw-gradient equals ∇_θ[log q(T(ε;θ)) − log p(T(ε;θ))]
+    by JAX autodiff."""
     coords = _coords(family, scale)
     target = GaussianTarget()
     theta = _theta(coords, rng)
@@ -89,7 +91,7 @@ def test_coordinates_round_trip_keeps_q(family, scale, rng):
 
 @pytest.mark.parametrize("family,scale", CASES)
 def test_level0_is_unbiased(family, scale, rng):
-    """T1 (and T12): over R = 2000 replicates of a 10-draw level 0, the mean equals ∇F(θ)."""
+    """Over R = 2000 replicates of a 10-draw level 0, the mean equals ∇F(θ)."""
     coords = _coords(family, scale)
     target = GaussianTarget()
     theta = _theta(coords, rng)
@@ -101,7 +103,7 @@ def test_level0_is_unbiased(family, scale, rng):
 
 @pytest.mark.parametrize("family,scale", CASES)
 def test_level_difference_is_unbiased(family, scale, rng):
-    """T2 (and T12): the mean of Δ̂ over R = 2000 replicates equals ∇F(θ) − ∇F(θ')."""
+    """The mean of Δ̂ over R = 2000 replicates equals ∇F(θ) − ∇F(θ')."""
     coords = _coords(family, scale)
     target = GaussianTarget()
     theta = _theta(coords, rng)
@@ -113,9 +115,9 @@ def test_level_difference_is_unbiased(family, scale, rng):
 
 
 def test_level_variance_matches_closed_form(rng):
-    """T2: the one-sample trace variance V̂ of a level difference (M = 2·10⁵ pairs) equals the
-    closed form V(λ, λ') of spec §5.4 within 4 ŝe, ŝe = sd_n(‖Δ_n − Δ̄‖²)/√M; and V_0 at
-    λ_0 = (0, 1) is 158.0617."""
+    """The one-sample trace variance V̂ of a level difference (M = 2·10⁵ pairs) equals the
+    closed form V(λ, λ') of docs/mlmcvi.md#reference-gaussian within 4 ŝe,
+    ŝe = sd_n(‖Δ_n − Δ̄‖²)/√M; and V_0 at λ_0 = (0, 1) is 158.0617."""
     assert abs(V0 - 158.0617) < 1e-4
     coords = _coords("meanfield", "direct")
     target = GaussianTarget()
@@ -141,9 +143,10 @@ def test_level_variance_matches_closed_form(rng):
 
 
 def test_coupling_makes_the_level_variance_vanish(rng):
-    """T3: with shared ε, V(λ, λ+δ)/‖δ‖² stays in [c_min, c_max] = [1.08, 13] as δ shrinks from
-    10⁻¹ to 10⁻⁴ (within 4 s.e.); with independent ε the one-sample variance stays at
-    tr Cov g_λ + tr Cov g_λ' (≈ 2 V_0 at λ_0), within 4 s.e."""
+    """Coupling (docs/mlmcvi.md#levels): with shared ε, V(λ, λ+δ)/‖δ‖² stays in
+    [c_min, c_max] = [1.08, 13] as δ shrinks from 10⁻¹ to 10⁻⁴ (within 4 s.e.); with independent
+    ε the one-sample variance stays at tr Cov g_λ + tr Cov g_λ' (≈ 2 V_0 at λ_0), within
+    4 s.e."""
     assert abs(C_MIN - 1.08) < 0.01 and abs(C_MAX - 13.0) < 1e-9
     coords = _coords("meanfield", "direct")
     target = GaussianTarget()
@@ -188,8 +191,9 @@ def _run_g_form(target, coords, theta0, rng_seed, sched, n0, lr0, T):
 @pytest.mark.parametrize("family,scale", [("meanfield", "direct"), ("meanfield", "log"),
                                           ("fullrank", "log")])
 def test_g_form_equals_momentum_form(family, scale):
-    """T7: λ_{t+1} = λ_t + (η_t/η_{t−1})(λ_t − λ_{t−1}) − α_t Δ̂_t (the paper's Algorithm 1)
-    follows the G-form trajectory to 1e−10 over 300 iterations with the same draws."""
+    """λ_{t+1} = λ_t + (η_t/η_{t−1})(λ_t − λ_{t−1}) − α_t Δ̂_t (the paper's Algorithm 1;
+    docs/mlmcvi.md#update-rule) follows the G-form trajectory to 1e−10 over 300 iterations with
+    the same draws."""
     coords = _coords(family, scale)
     target = GaussianTarget()
     theta0 = coords.from_family(coords.family.initial_params(np.zeros(D), 0.0))
@@ -207,7 +211,7 @@ def test_g_form_equals_momentum_form(family, scale):
 
 
 def test_noise_free_reduction_is_gradient_descent():
-    """T9: with ε ≡ 0 every g_θ(ε) is the deterministic g_θ(0), and MLMC's telescoping sum gives
+    """With ε ≡ 0 every g_θ(ε) is the deterministic g_θ(0), and MLMC's telescoping sum gives
     G_t = g_{θ_t}(0) exactly: the run is gradient descent θ_{t+1} = θ_t − α_0 η_t g_{θ_t}(0)
     to 1e−12 (the bookkeeping of Lemma 1)."""
     coords = _coords("meanfield", "direct")
@@ -234,8 +238,8 @@ def test_noise_free_reduction_is_gradient_descent():
 
 
 def test_failed_draws_are_redrawn_as_pairs_and_counted():
-    """spec §7.4: a pair with a failed evaluation is redrawn (both terms), the extra evaluations
-    are reported, and too many failures raise GradientFailure."""
+    """docs/mlmcvi.md#failed-draws: a pair with a failed evaluation is redrawn (both terms), the
+    extra evaluations are reported, and too many failures raise GradientFailure."""
     from stanvi.estimators.elbo import GradientFailure
     from stanvi.targets.base import BatchResult
 
@@ -258,8 +262,8 @@ def test_failed_draws_are_redrawn_as_pairs_and_counted():
 
 
 def test_rqmc_draws_are_normal_and_reduce_variance(rng):
-    """RQMC base draws (scrambled Sobol', spec §3.3): unbiased level-0 gradient (4 s.e.) and,
-    on this smooth target at N = 64, a variance below plain MC's."""
+    """RQMC base draws (scrambled Sobol', docs/mlmcvi.md#baselines): unbiased level-0 gradient
+    (4 s.e.) and, on this smooth target at N = 64, a variance below plain MC's."""
     coords = _coords("meanfield", "direct")
     target = GaussianTarget()
     theta = _theta(coords, rng)

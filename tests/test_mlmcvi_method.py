@@ -1,8 +1,8 @@
 """method='mlmcvi' through stanvi.fit (stanvi/methods/mlmcvi.py): options and their checks, the
-families and coordinates, the baselines, Adam, restarts, truncation, the diagnostics of spec
-§2.7 (trace fields, collapse-risk and cost warnings, replicate variance/SNR), reproducibility,
-and the Stan path (T13: Stan and JAX gradients agree for the same draws; ledger = target
-counter; the ELBO against −KL)."""
+families and coordinates, the baselines, Adam, restarts, truncation, the diagnostics of
+docs/mlmcvi.md#diagnostics (trace fields, collapse-risk and cost warnings, replicate
+variance/SNR), reproducibility, and the Stan path (docs/mlmcvi.md#stan-models: Stan and JAX
+gradients agree for the same draws; ledger = target counter; the ELBO against −KL)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ def _fit(target, **kw):
 
 
 def test_registered_defaults_and_option_checks():
-    """The paper's defaults (spec §4): step decay 0.5/100, N_0 = 100, lr0 0.01, SGD, T = 1000,
-    log scale, no restarts; Table 3's tuned settings as profiles; bad values named."""
+    """The paper's defaults (docs/mlmcvi.md#defaults): step decay 0.5/100, N_0 = 100, lr0 0.01,
+    SGD, T = 1000, log scale, no restarts; Table 3's tuned settings as profiles; bad values
+    named."""
     assert "mlmcvi" in available()
     o = mlmcvi.Options()
     assert (o.estimator, o.n0, o.scheduler, o.beta, o.drop_every, o.lr0, o.optimizer,
@@ -57,16 +58,17 @@ def test_registered_defaults_and_option_checks():
                                 dict(truncate=50.0), dict(scheduler="time", beta=0.01),
                                 dict(scheduler="exp", beta=0.005)])
 def test_variants_fit_the_gaussian(kw):
-    """Every variant ends near the optimum of the §5.4 Gaussian on a JAX target: the ELBO rises
-    from its start by > 10 nats and ends within 1 nat of the family's best (the MF and FR
-    optima are analytic); trace rows carry the spec's fields."""
+    """Every variant ends near the optimum of the reference Gaussian
+    (docs/mlmcvi.md#reference-gaussian) on a JAX target: the ELBO rises from its start by
+    > 10 nats and ends within 1 nat of the family's best (the MF and FR optima are analytic);
+    trace rows carry the fields of docs/mlmcvi.md#trace-and-accounting."""
     target = GaussianTarget()
     fit = _fit(target, lr0=kw.pop("lr0", 0.05), max_iters=400, elbo_every=100, seed=3, **kw)
     assert fit.status == "max_iters", fit.message
     elbo = fit.trace.column("elbo")
     elbo = elbo[np.isfinite(elbo)]
     from mlmc_gaussian import MU, P
-    prob = GaussianProblem(MU, np.linalg.inv(P), "spec 5.4")
+    prob = GaussianProblem(MU, np.linalg.inv(P), "reference Gaussian")
     log_z = 0.5 * (D * np.log(2 * np.pi) - np.linalg.slogdet(P)[1])    # unnormalized target
     if fit.family_name == "meanfield":
         best = log_z - 0.5 * float(np.sum(np.log(np.diag(P))) + np.linalg.slogdet(prob.S)[1])
@@ -90,10 +92,10 @@ def test_same_seed_same_result_and_different_seeds_differ():
 
 
 def test_warnings_collapse_risk_and_cost():
-    """The §2.7 collapse-risk check fires with the log scale when the accumulated error of a
-    log-scale coordinate has s.d. > 1/3 (here at level 0: Var g_ω/N_0 is large for N_0 = 5),
-    not with the direct scale; a schedule costing more than MC with N = N_0 warns (spec
-    §2.3(d))."""
+    """The collapse-risk check (docs/mlmcvi.md#scale-collapse) fires with the log scale when the
+    accumulated error of a log-scale coordinate has s.d. > 1/3 (here at level 0: Var g_ω/N_0 is
+    large for N_0 = 5), not with the direct scale; a schedule costing more than MC with N = N_0
+    warns (docs/mlmcvi.md#cost)."""
     target = GaussianTarget()
     with pytest.warns(StanviWarning, match="scale may collapse"):
         stanvi.fit(target, method="mlmcvi", n0=5, max_iters=20, progress=False, draws=10)
@@ -110,9 +112,10 @@ def test_warnings_collapse_risk_and_cost():
 
 
 def test_replicate_variance_and_snr_in_the_trace():
-    """snr_every: the paper-style variance and SNR (spec §2.7) every k iterations; MLMC's
-    conditional variance falls far below the equal-cost MC baseline's after the first drop,
-    and the diagnostic's model evaluations are kept out of the algorithm's ledger."""
+    """snr_every: the paper-style variance and SNR (docs/mlmcvi.md#diagnostics) every k
+    iterations; MLMC's conditional variance falls far below the equal-cost MC baseline's after
+    the first drop, and the diagnostic's model evaluations are kept out of the algorithm's
+    ledger."""
     target = GaussianTarget()
     out = {}
     for est in ("mlmc", "mc"):
@@ -147,7 +150,7 @@ def test_direct_run_without_fit():
     """run() is usable with a bare RunContext (as the benchmarks use it)."""
     import jax
 
-    from stanvi.estimators.base import estimator_for
+    from stanvi.estimators.registry import estimator_for
     from stanvi.progress import IterationProgress
 
     target = GaussianTarget()
@@ -159,13 +162,13 @@ def test_direct_run_without_fit():
     assert res.status == "max_iters" and len(res.trace) == 52
 
 
-# ------------------------------------------------------------------------------- Stan (T13)
+# ------------------------------------------------------------------------------- the Stan path
 
 def test_stan_target_matches_jax_and_counts(gaussian):
-    """T13 on stan_models/gaussian (a normalized N(m, Σ), D = 10): level differences from the
-    Stan model equal those from the same density in JAX to 1e−10 for the same ε (mean-field and
-    full-rank); a fit's ledger equals the target's counter (the method charges every model
-    evaluation); the fit's ELBO is within 4 s.e. of −KL(q‖p) (log Z = 0)."""
+    """The Stan path on stan_models/gaussian (a normalized N(m, Σ), D = 10): level differences
+    from the Stan model equal those from the same density in JAX to 1e−10 for the same ε
+    (mean-field and full-rank); a fit's ledger equals the target's counter (the method charges
+    every model evaluation); the fit's ELBO is within 4 s.e. of −KL(q‖p) (log Z = 0)."""
     data = data_dict("gaussian")
     m, S = np.array(data["m"]), np.array(data["Sigma"])
     prob = GaussianProblem(m, S, "stan gaussian")

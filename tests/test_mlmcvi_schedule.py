@@ -1,5 +1,6 @@
-"""MLMCVI's sample-size schedule and costs (stanvi/estimators/mlmc_schedule.py; specs/mlmcvi.md
-§2.3, §2.4, §2.6, tests T8 and T11), and the oracle accounting of a whole run."""
+"""MLMCVI's sample-size schedule and costs (stanvi/estimators/mlmc_schedule.py;
+docs/mlmcvi.md#sample-size, docs/mlmcvi.md#schedulers, docs/mlmcvi.md#cost), and the oracle
+accounting of a whole run (docs/mlmcvi.md#trace-and-accounting)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from stanvi.estimators.mlmc_schedule import (Scheduler, cost_ratio, equal_cost_d
 
 
 def test_step_decay_blocks():
-    """T8: N_0 = 100, β = 0.5, r = 100: 100@t0–100, 50@101–200, 25, 13, 7, 4, 2, then 1 from
-    t = 701 (spec §2.6's block table)."""
+    """N_0 = 100, β = 0.5, r = 100: 100@t0–100, 50@101–200, 25, 13, 7, 4, 2, then 1 from
+    t = 701 (docs/mlmcvi.md#algorithm)."""
     sizes = sample_sizes(Scheduler("step", 0.5, 100), 100, 1000)
     assert sizes[0] == 100 and np.all(sizes[1:101] == 100)
     expected = [50, 25, 13, 7, 4, 2]
@@ -28,8 +29,9 @@ def test_step_decay_blocks():
 
 
 def test_other_schedulers_and_the_ceiling_tolerance():
-    """T8: time-based β = 0.01 gives 100, 91, 50, 10 and exponential β = 0.005 gives 100, 61, 9,
-    1 at t = 1, 11/101, 101/501, 1001; 0.1²·100 = 1.0000000000000002 gives N = 1 (spec §2.3(c))."""
+    """Time-based β = 0.01 gives 100, 91, 50, 10 and exponential β = 0.005 gives 100, 61, 9, 1
+    at t = 1, 11/101, 101/501, 1001; 0.1²·100 = 1.0000000000000002 gives N = 1
+    (docs/mlmcvi.md#sample-size)."""
     time_based = Scheduler("time", 0.01)
     assert [sample_size(time_based, t, 100) for t in (1, 11, 101, 1001)] == [100, 91, 50, 10]
     exp = Scheduler("exp", 0.005)
@@ -46,7 +48,7 @@ def test_other_schedulers_and_the_ceiling_tolerance():
 
 
 def test_costs_and_lemma2():
-    """T11 and spec §2.6's worked numbers: 40,900 vs 100,100 (0.41); HLR 157,626 (1.57); BLR
+    """The costs of docs/mlmcvi.md#cost: 40,900 vs 100,100 (0.41); HLR 157,626 (1.57); BLR
     113,776 (1.14); BNN 76,796 vs 50,050 (1.53); Lemma 2's condition holds for the Fashion-MNIST
     setting (η_500 = 0.03125) and fails for a constant η; the equal-cost MC size is 41."""
     fm = Scheduler("step", 0.5, 100)
@@ -58,9 +60,8 @@ def test_costs_and_lemma2():
     assert mlmc_cost(Scheduler("step", 0.819243, 253), 50, 1000) == 76_796
     assert round(cost_ratio(Scheduler("step", 0.862527, 221), 100, 1000), 2) == 1.57
     assert round(cost_ratio(Scheduler("step", 0.226316, 458), 100, 1000), 2) == 1.14
-    # T = 5000 (spec §2.6: 0.09, 0.63, 0.25, 0.57).  The spec's review gives the first as
-    # 46,300/500,100 = 0.093; the rule gives 40,900 + 2·4,000 = 48,900 (N_t = 1 for t > 1000),
-    # i.e. 0.098
+    # T = 5000: 0.63, 0.25 and 0.57 for the tuned settings.  The default schedule costs
+    # 40,900 + 2·4,000 = 48,900 (N_t = 1 for t > 1000), i.e. 0.098 (not 46,300/500,100 = 0.093)
     assert mlmc_cost(fm, 100, 5000) == 48_900
     assert [round(cost_ratio(s, n0, 5000), 2) for s, n0 in (
         (Scheduler("step", 0.862527, 221), 100), (Scheduler("step", 0.226316, 458), 100),
@@ -71,7 +72,7 @@ def test_costs_and_lemma2():
 
 
 def test_a_run_costs_what_the_schedule_says():
-    """T8 through stanvi.fit: a call-counting target records N_0 + 2ΣN_t = 40,900 gradient draws
+    """Through stanvi.fit: a call-counting target records N_0 + 2ΣN_t = 40,900 gradient draws
     for T = 1000, the ledger agrees (gradient_draws, one literal call per level), and the trace
     logs N_t, η_t and α_t per iteration; the equal-cost MC baseline makes 41,041."""
     target = GaussianTarget()

@@ -1,5 +1,5 @@
 """The stored mean-field optima of stan_models (``<stem>.optimum.json``, made by
-stan_models/compute_optima.py without any stanvi method, read by stanvi.bench.optima) and the
+stan_models/compute_optima.py without any stanvi method, read by stanvi.evaluation.optima) and the
 property they exist for: TrustVI's ``converged`` means converged (issue 8, part 1)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import stanvi
-from stanvi.bench.methods_bench import discover_models
-from stanvi.bench.optima import MeanFieldOptimum, load_optimum
-from stanvi.estimators.base import estimator_for
+from stanvi.evaluation.models import discover_models
+from stanvi.evaluation.optima import MeanFieldOptimum, load_optimum
+from stanvi.estimators.registry import estimator_for
 from stanvi.estimators.elbo import standard_normal
 from stanvi.families import MeanField
 

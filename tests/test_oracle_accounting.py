@@ -1,8 +1,8 @@
 """One source of truth for model evaluations (issue P2-1b item 3): the target counts every
-batched model call (DESIGN.md); each method charges every evaluation it makes to its ledger
-(paper units for the priced ones, screening and redrawn draws for the rest), so over a run the
-ledger's draw counts equal the target counter's growth, kind by kind, on every method and
-family — including a model that throws on part of q's mass (drops, redraws, screening)."""
+batched model call (docs/architecture.md#data-flow); each method charges every evaluation it makes
+to its ledger (paper units for the priced ones, screening and redrawn draws for the rest), so over
+a run the ledger's draw counts equal the target counter's growth, kind by kind, on every method
+and family — including a model that throws on part of q's mass (drops, redraws, screening)."""
 
 from __future__ import annotations
 

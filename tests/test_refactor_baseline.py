@@ -1,5 +1,5 @@
 """Behaviour stays put while the code moves (issue P2-1b): the per-model figures of
-``stanvi bench methods`` (``methods_bench.summarize_run``: status, final ELBO on fixed draws,
+``stanvi bench methods`` (``evaluation.protocol.summarize_run``: status, final ELBO on fixed draws,
 iterations, oracle calls, draw-level evaluations, the ELBO at fixed trace points) and the final
 variational parameters, for three models × two methods, seed 0, must equal the ones recorded in
 ``tests/golden/bench_baseline.json`` before the refactoring.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import stanvi
-from stanvi.bench import methods_bench
+from stanvi.evaluation import protocol
 from stanvi.estimators.elbo import standard_normal
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "bench_baseline.json"
@@ -34,7 +34,7 @@ def figures(target, method: str, profile: str) -> dict:
     fit = stanvi.fit(target, method=method, profile=profile, seed=0, progress=False, draws=10)
     eps_eval = standard_normal(jax.random.PRNGKey(20171), 500, target.dim)
     eps_final = standard_normal(jax.random.PRNGKey(20172), 2000, target.dim)
-    run = methods_bench.summarize_run(fit, f"{method}:{profile}", eps_final, eps_eval, 8)
+    run = protocol.summarize_run(fit, f"{method}:{profile}", eps_final, eps_eval, 8)
     return {"status": run.status, "final_elbo": run.final_elbo, "iterations": run.iterations,
             "oracle": run.oracle, "draw_evals": run.draw_evals,
             "trace_elbo": [float(x) for x in run.trace_elbo],

@@ -104,8 +104,11 @@ def test_drive_lbfgsb_equals_scipy_minimize(name, f, x0, opts):
                                                             ref.success)
 
 
-def test_minimize_lbfgsb_uses_scipy_once_scipy_optimize_is_imported():
-    # here scipy.optimize is imported (by this test module): SciPy's own minimize is called
+@needs_ext
+def test_once_scipy_optimize_is_imported_its_own_extension_is_driven():
+    """Here scipy.optimize is imported (by this test module): its extension module is the one
+    driven (so the lockstep paths keep batching), with SciPy's results."""
+    assert ws.lbfgsb_extension() is EXT
     res = ws.minimize_lbfgsb(_rosenbrock, np.array([-1.2, 1.0]))
     ref = scipy_optimize.minimize(_rosenbrock, np.array([-1.2, 1.0]), jac=True,
                                   method="L-BFGS-B")
@@ -221,3 +224,23 @@ def test_stop_ends_a_path_at_the_first_iterate_it_accepts(monkeypatch, driver):
                                           stop=lambda i, x: np.array_equal(x, target))
     np.testing.assert_array_equal(again.x, target)
     assert again.status == ws.STOPPED
+
+
+@needs_ext
+def test_a_stop_costs_no_evaluation_on_either_driver(monkeypatch):
+    """Stopped at an iterate, the path's evaluations are those of the unstopped run up to it,
+    with SciPy's own minimize as with the extension (a fit's evaluation count must not depend
+    on whether another module imported scipy.optimize)."""
+    f, x0 = _rosenbrock, np.array([-1.2, 1.0, 0.5])
+    monkeypatch.setattr(ws, "lbfgsb_extension", lambda: EXT)
+    iterates: list = []
+    ws.minimize_lbfgsb(f, x0, stop=lambda x: iterates.append(x) or False)
+    target = iterates[len(iterates) // 2]
+    counts = []
+    for driver in (EXT, None):
+        monkeypatch.setattr(ws, "lbfgsb_extension", lambda d=driver: d)
+        rec, calls = _recording(f)
+        res = ws.minimize_lbfgsb(rec, x0, stop=lambda x: np.array_equal(x, target))
+        np.testing.assert_array_equal(res.x, target)
+        counts.append(len(calls))
+    assert counts[0] == counts[1]

@@ -18,7 +18,7 @@ Jobs:
   its standard error, the paper protocol's figures (the final ELBO on draws common to every run
   of the model, evaluation ELBOs along the trace), the trace (thinned to at most 400 rows), the oracle ledger, draw-level model
   evaluations, run time and JAX compile time apart, the k-hat diagnostic and, with reference
-  draws, the accuracy figures of :mod:`stanvi.batch.accuracy`.  Stan's own algorithms
+  draws, the accuracy figures of :mod:`stanvi.evaluation.accuracy`.  Stan's own algorithms
   (``stan-advi``, ``pathfinder``, ``nuts``) go to :mod:`stanvi.batch.reference_job`.
 """
 
@@ -62,7 +62,7 @@ def reference_file(runs_dir: str | Path, model: str) -> Path:
 
 
 def compile_job(job: dict) -> dict[str, Any]:
-    from stanvi.batch.accuracy import reference_unconstrained  # noqa: PLC0415
+    from stanvi.evaluation.accuracy import reference_unconstrained  # noqa: PLC0415
     from stanvi.batch.discover import load_data  # noqa: PLC0415
     from stanvi.batch.posteriordb import read_reference_draws  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
@@ -122,14 +122,14 @@ def _thin_trace(rows: list[dict]) -> tuple[list[dict], bool]:
 
 def _protocol_summary(result, job: dict) -> dict[str, Any]:
     """The figures of the TrustVI paper's protocol (docs/algorithms.md#benchmark-protocol), as
-    ``stanvi bench methods`` computes them (:func:`stanvi.bench.methods_bench.summarize_run`):
+    ``stanvi bench methods`` computes them (:func:`stanvi.evaluation.protocol.summarize_run`):
     ``final_elbo`` on 10,000 draws common to every run and method of the model (a failed run
     is −inf, stored as null), and the evaluation ELBO on the first 2,000 of them at up to
     ``trace_points`` log-spaced trace rows, with each row's iteration, oracle calls, draw-level
     evaluations and run time."""
     import jax  # noqa: PLC0415
 
-    from stanvi.bench.methods_bench import summarize_run  # noqa: PLC0415
+    from stanvi.evaluation.protocol import summarize_run  # noqa: PLC0415
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
 
     eps_final = standard_normal(jax.random.PRNGKey(COMMON_DRAWS_SEED), ELBO_DRAWS,
@@ -142,7 +142,7 @@ def _protocol_summary(result, job: dict) -> dict[str, Any]:
 
 
 def fit_job(job: dict) -> dict[str, Any]:
-    from stanvi.batch.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
+    from stanvi.evaluation.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
                                        read_reference_npz)
     from stanvi.batch.discover import load_data  # noqa: PLC0415
     from stanvi.batch.reference_job import REFERENCE_METHODS, reference_fit_job  # noqa: PLC0415

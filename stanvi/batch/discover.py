@@ -18,8 +18,10 @@ program compiles, and its dimension (for ``max_dim``), are known only after the 
 from __future__ import annotations
 
 import fnmatch
+import io
 import json
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,15 @@ def _skip_reason(stan: Path, data: Path | None, max_data_bytes: int | None) -> s
     return None
 
 
+def read_zipped_json(zipped: str | Path):
+    """The content of a posteriordb ``<name>.json.zip`` (one JSON file inside)."""
+    with zipfile.ZipFile(zipped) as z:
+        names = [n for n in z.namelist() if n.endswith(".json")]
+        if len(names) != 1:
+            raise ValueError(f"{zipped}: expected one .json file inside, found {names}")
+        return json.load(io.TextIOWrapper(z.open(names[0]), encoding="utf-8"))
+
+
 def load_data(case: ModelCase) -> dict[str, Any] | None:
     """The case's data as Stan JSON values (None for a model without data).  Raises
     :class:`stanvi.batch.rdump.RDumpError` (incl. ``RDumpNAError``) or ``ValueError`` for data
@@ -136,8 +147,6 @@ def load_data(case: ModelCase) -> dict[str, Any] | None:
     if case.data is None:
         return None
     if case.data_format == "json-zip":
-        from stanvi.batch.posteriordb import read_zipped_json  # noqa: PLC0415
-
         return read_zipped_json(case.data)
     if case.data_format == "json":
         try:

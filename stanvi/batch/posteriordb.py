@@ -19,14 +19,13 @@ data file is missing, or whose program has no parameters, is a skip with the rea
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from stanvi.batch.discover import ModelCase, name_selected, program_blocks
+from stanvi.batch.discover import (ModelCase, name_selected, program_blocks,  # noqa: F401
+                                   read_zipped_json)
 
 __all__ = ["database_root", "discover_posteriordb", "posterior_files", "read_reference_draws",
            "read_zipped_json"]
@@ -52,15 +51,6 @@ def posterior_files(root: Path, name: str) -> tuple[dict, Path, Path]:
     stan = root / "models" / "stan" / f"{info['model_name']}.stan"
     data = root / "data" / "data" / f"{info['data_name']}.json.zip"
     return info, stan, data
-
-
-def read_zipped_json(zipped: str | Path):
-    """The content of a posteriordb ``<name>.json.zip`` (one JSON file inside)."""
-    with zipfile.ZipFile(zipped) as z:
-        names = [n for n in z.namelist() if n.endswith(".json")]
-        if len(names) != 1:
-            raise ValueError(f"{zipped}: expected one .json file inside, found {names}")
-        return json.load(io.TextIOWrapper(z.open(names[0]), encoding="utf-8"))
 
 
 def read_reference_draws(path: str | Path) -> dict[str, np.ndarray]:

@@ -53,7 +53,7 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
     """Run one reference method for a batch fit job and build its record."""
     import jax  # noqa: PLC0415
 
-    from stanvi.batch.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
+    from stanvi.evaluation.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
                                        read_reference_npz, reference_unconstrained)
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
     from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415

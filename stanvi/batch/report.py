@@ -169,7 +169,7 @@ def trace_figure(plt, grouped, chosen: list[str]):
     ``chosen``; a configuration has the same colour in every panel, and one legend (above the
     panels) names every configuration drawn, so a panel where a configuration failed (and has no
     line) does not shift the others' colours."""
-    from stanvi.bench.protocol import median_run  # noqa: PLC0415
+    from stanvi.evaluation.protocol import median_run  # noqa: PLC0415
 
     configs = sorted({cfg for model in chosen for cfg in grouped[model]})
     palette = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")

@@ -4,12 +4,12 @@ paper's protocol over pairs of configurations, and the figures of the closing su
 A *configuration* is ``method:profile:family`` (``trustvi:default:meanfield``).  Per model and
 configuration, the runs over seeds are summarized as in ``stanvi bench methods``: the median run
 is the one whose final ELBO (10,000 draws common to every run of the model) is the median, a
-failed run ranking −∞ (:func:`stanvi.bench.protocol.median_run`).
+failed run ranking −∞ (:func:`stanvi.evaluation.protocol.median_run`).
 
 The protocol (docs/algorithms.md#benchmark-protocol; Regier et al. 2017, §5): for a pair of
 configurations on a model, the threshold is the worse of the two median runs' final ELBOs minus
 1 nat; each run's cost is its oracle calls at the first trace point after which every evaluation
-ELBO stays at or above the threshold (:func:`~stanvi.bench.protocol.first_consistent`); a
+ELBO stays at or above the threshold (:func:`~stanvi.evaluation.protocol.first_consistent`); a
 pair is excluded when either reaches it in fewer than 5 iterations, or when a median run failed;
 final ELBOs within 1 nat are a tie.
 """
@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from stanvi.batch.runner import OK_STATUSES as OK  # a method's normal outcomes
-from stanvi.bench.protocol import RunSummary, first_consistent, median_run, protocol_pair
+from stanvi.evaluation.protocol import (RunSummary, first_consistent, median_run,
+                                        protocol_pair)
 
 __all__ = ["config_of", "profile_of", "group_runs", "model_rows", "protocol_pairs", "pair_summary"]
 

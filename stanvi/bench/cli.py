@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[2] / "stan_models"
+from stanvi.evaluation.models import MODELS_DIR as DEFAULT_MODELS_DIR
 
 
 def add_bench_parser(sub) -> None:

@@ -43,7 +43,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_MODELS_DIR = Path(__file__).resolve().parents[2] / "stan_models"
+from stanvi.evaluation.models import MODELS_DIR
+
+DEFAULT_MODELS_DIR = MODELS_DIR
 DEFAULT_MODEL = DEFAULT_MODELS_DIR / "eight_schools" / "eight_schools_noncentered.stan"
 DEFAULT_DATA = DEFAULT_MODELS_DIR / "eight_schools" / "eight_schools.data.json"
 DEFAULT_CONFIGS: tuple[tuple[str, str], ...] = (

@@ -1,15 +1,16 @@
 """``stanvi bench jointcv``: the joint control variate's figures on simulated logistic
 regressions of the paper's Sonar (208×60) and Australian (690×14) sizes, and optionally one with
-N = 100,000 (issue 11; specs/joint_control_variate.md §5.3-§5.6).
+N = 100,000 (issue 11; docs/jointcv.md#metrics, docs/jointcv.md#simulated-data).
 
 For each problem:
 
-1. **Variance decomposition along one joint run** (spec §5.3, the paper's Table 1 columns): at
-   checkpoints of a joint-SAGA run (SGD, b = 5, lr 5e-4; b = 100 and Adam for the large problem)
-   the total naive variance V_{n,ε}, the subsampling part V_n (batches of b, ε integrated out),
-   the MC part V_ε (full data, one ε), and the variances of the naive, cv and joint estimators
-   (the latter with the run's own table).  Variances are traces of covariances, of the μ-block
-   ("mu") and of all parameters ("all"), estimated from ``reps`` draws.
+1. **Variance decomposition along one joint run** (docs/jointcv.md#metrics, the paper's Table 1
+   columns): at checkpoints of a joint-SAGA run (SGD, b = 5, lr 5e-4; b = 100 and Adam for the
+   large problem) the total naive variance V_{n,ε}, the subsampling part V_n (batches of b, ε
+   integrated out), the MC part V_ε (full data, one ε), and the variances of the naive, cv and
+   joint estimators (the latter with the run's own table).  Variances are traces of
+   covariances, of the μ-block ("mu") and of all parameters ("all"), estimated from ``reps``
+   draws.
 2. **Full-data ELBO vs iterations and vs wall time** (run time: the ELBO evaluations excluded)
    for naive, cv, joint (SAGA and SVRG) and, on the small problems, inc; through
    ``stanvi.fit(method="jointcv")``.
@@ -31,7 +32,7 @@ from stanvi.estimators.subsampled import Naive, noise, row_gradients
 from stanvi.estimators.taylor_cv import TaylorCV
 from stanvi.families.gaussian import MeanField
 from stanvi.fit import fit as stanvi_fit
-from stanvi.methods.jointcv import _Optimizer, _Schedule
+from stanvi.methods.jointcv import Optimizer, Schedule
 from stanvi.targets.subsampled import logistic_regression_target
 
 PROBLEMS = {"sonar": (208, 60), "australian": (690, 14), "large": (100_000, 20)}
@@ -41,8 +42,8 @@ STAN_PROBLEM = "stan10k"
 
 
 def simulate(n: int, d: int, seed: int = 0, c: float = 6.0) -> tuple[np.ndarray, np.ndarray]:
-    """Spec §5.2 recipe (i): standardized X ~ N(0, I) (ddof 0), z* ~ N(0, c/d I),
-    y ~ Bern(sigmoid(X z*))."""
+    """The recipe of docs/jointcv.md#simulated-data: standardized X ~ N(0, I) (ddof 0),
+    z* ~ N(0, c/d I), y ~ Bern(sigmoid(X z*))."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d))
     X = (X - X.mean(0)) / X.std(0)
@@ -77,7 +78,7 @@ def decomposition(target, family, params: np.ndarray, b: int, reps: int, rng
                   ) -> dict[str, dict[str, float]]:
     """V_n (subsampling: variance over batches of the ε-averaged batch gradient, exact over
     batches given per-datum means from ``reps`` ε draws) and V_ε (MC: variance over ε of the
-    full-data gradient ∇f(w; ε)), spec §1.2."""
+    full-data gradient ∇f(w; ε)), docs/jointcv.md#noise-sources."""
     n, d = target.n_terms, family.dim
     everyone = np.arange(n)
     rows = np.broadcast_to(params, (n, len(params)))
@@ -107,8 +108,8 @@ def variance_along_run(target, family, *, b: int, lr: float, optimizer: str, ite
     params = np.concatenate([rng.standard_normal(d), rng.standard_normal(d)])  # paper init
     joint = JointSAGA(target, family)
     naive, cv = Naive(target, family), TaylorCV(target, family)
-    schedule = _Schedule(n, b, rng)
-    opt = _Optimizer(optimizer, lr)
+    schedule = Schedule(n, b, rng)
+    opt = Optimizer(optimizer, lr)
     warmup = math.ceil(n / b)
     out = []
     mrng = np.random.default_rng(seed + 1)
@@ -159,7 +160,7 @@ def stan_vs_jax(X: np.ndarray, y: np.ndarray, *, b: int, lr: float, iters: int,
     """The same joint run through the Stan block target and the JAX per-datum target."""
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
-    from stanvi.bench.cli import DEFAULT_MODELS_DIR  # noqa: PLC0415
+    from stanvi.evaluation.models import MODELS_DIR as DEFAULT_MODELS_DIR  # noqa: PLC0415
 
     n, d = X.shape
     stan = StanTarget(DEFAULT_MODELS_DIR / "jointcv_logistic" / "jointcv_logistic.stan",
@@ -186,8 +187,8 @@ def stan_full_batch(seeds: int = 3, print_fn=print) -> dict[str, Any]:
     statement of where it does not").  Per run: final ELBO (10,000 draws) minus the stored
     mean-field optimum (``jointcv_logistic.optimum.json``), and wall time (run + JAX compile);
     for jointcv also the first trace ELBO (1,000 draws) within 1 nat, if any, and when."""
-    from stanvi.bench.cli import DEFAULT_MODELS_DIR  # noqa: PLC0415
-    from stanvi.bench.optima import load_optimum  # noqa: PLC0415
+    from stanvi.evaluation.models import MODELS_DIR as DEFAULT_MODELS_DIR  # noqa: PLC0415
+    from stanvi.evaluation.optima import load_optimum  # noqa: PLC0415
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
     stan = DEFAULT_MODELS_DIR / "jointcv_logistic" / "jointcv_logistic.stan"
@@ -246,7 +247,7 @@ def run(problems: list[str], *, iters: int = 5000, reps: int = 400, seed: int = 
                                       reps=max(50, reps // 4) if large else reps, seed=seed)
         print_fn(f"variance along one joint run (trace of covariance; mu-block / all; 'cv ceil' "
                  f"= V_total/V_n and 'inc ceil' = V_total/V_eps, the best reduction any MC-only "
-                 f"or incremental-only estimator can reach, spec 5.4), "
+                 f"or incremental-only estimator can reach, docs/jointcv.md#metrics), "
                  f"{time.perf_counter() - t0:.0f} s")
         print_fn(f"{'iter':>6} {'block':>5} {'V_total':>9} {'V_n':>9} {'V_eps':>9} "
                  f"{'cv ceil':>8} {'inc ceil':>8} {'cv':>9} {'joint':>9} {'naive/joint':>11}")

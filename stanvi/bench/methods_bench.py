@@ -35,73 +35,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from stanvi.bench.protocol import (RunSummary, first_consistent, median_run,  # noqa: F401
-                                    protocol_pair)
-from stanvi.estimators.elbo import mean_of_valid
+from stanvi.evaluation.models import discover_models
+from stanvi.evaluation.protocol import (RunSummary, first_consistent,  # noqa: F401
+                                        median_run, protocol_pair, summarize_run)
 
 DEFAULT_CONFIGS = (("trustvi", "default"), ("trustvi", "paper"), ("advi", "paper"),
                    ("advi", "stan"), ("hfsgvi", "paper"))
-
-
-def discover_models(models_dir: Path) -> list[tuple[str, Path, Path | None]]:
-    """(name, .stan, data) for every model of the stan_models set with a data file."""
-    out = []
-    for stan in sorted(models_dir.glob("*/*.stan")):
-        data = stan.with_suffix(".data.json")
-        if not data.exists():
-            shared = list(stan.parent.glob("*.data.json"))
-            data = shared[0] if len(shared) == 1 else None
-        out.append((stan.stem, stan, data))
-    return out
-
-
-def _log_spaced(n: int, k: int) -> np.ndarray:
-    if n <= k:
-        return np.arange(n)
-    idx = np.unique(np.round(np.geomspace(1, n, k)).astype(int) - 1)
-    return np.unique(np.concatenate([[0], idx, [n - 1]]))
-
-
-def _evaluate(est, params, eps, screen: int = 200) -> float:
-    """The ELBO estimate at ``params`` with the fixed draws ``eps``.  Draws where the model
-    cannot be evaluated (a ``reject()``, a domain error) are dropped, as Stan's ADVI does in
-    its ELBO (docs/algorithms.md#failed-draws); if more than half of them fail, −inf.
-
-    The first ``screen`` draws are evaluated first and a point where most of them fail is −inf
-    at once: in the long benchmark process a C++ exception from the model cost about 1 ms
-    (17.7 µs in a fresh process; the unwinder slows with every XLA compilation, 29.8 µs after
-    300), so 2,000 throwing draws at each of 60 trace points of a diverged run took minutes."""
-    head = np.asarray(est.values(params, eps[:screen]))
-    if np.isfinite(head).sum() * 2 < len(head) * 0.8:  # well below half: no need for the rest
-        return -math.inf
-    vals = np.concatenate([head, np.asarray(est.values(params, eps[screen:]))]) \
-        if len(eps) > screen else head
-    return mean_of_valid(vals, len(vals) // 2 + 1)   # more than half finite
-
-
-def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> RunSummary:
-    est = fit._estimator
-    tr = fit.trace
-    kept = tr.kept_rows()
-    idx = kept[_log_spaced(len(kept), trace_points)]
-    elbos = np.array([_evaluate(est, tr.params_at(int(i)), eps_eval) for i in idx])
-    col = lambda name: tr.column(name)[idx]  # noqa: E731
-    draws = (col("gradient_draws") + col("hvp_draws") + col("log_density_draws")
-             + np.nan_to_num(col("screening_draws")) + np.nan_to_num(col("redrawn_draws")))
-    final = -math.inf if fit.status == "failed" else _evaluate(est, fit.params, eps_final)
-    o = fit.oracle
-    return RunSummary(config=config, seed=fit.seed, status=fit.status, final_elbo=final,
-                      iterations=len(tr) - 1, oracle=o["oracle_scaled"],
-                      draw_evals=int(o["gradient_draws"] + o["hvp_draws"] + o["log_density_draws"]
-                                     + o.get("screening_draws", 0) + o.get("redrawn_draws", 0)),
-                      wall=fit.wall_time - fit.compile_time, trace_iter=idx,
-                      trace_oracle=col("oracle_scaled"), trace_draws=draws,
-                      trace_wall=col("wall_time") - np.nan_to_num(col("compile_time")),
-                      trace_elbo=elbos,
-                      grad_draws=int(o["gradient_draws"] + o.get("redrawn_draws", 0)),
-                      hvp_draws=int(o["hvp_draws"]),
-                      ld_draws=int(o["log_density_draws"] + o.get("screening_draws", 0)),
-                      model_seconds=float(fit.info.get("model_seconds", np.nan)))
 
 
 def run_model(name: str, stan: Path, data: Path | None, *, configs=DEFAULT_CONFIGS, seeds: int = 5,
@@ -109,7 +48,7 @@ def run_model(name: str, stan: Path, data: Path | None, *, configs=DEFAULT_CONFI
               budget: float | None = None, out=print) -> dict:
     """Benchmark one model (see the module docstring); ``budget``: oracle budget per run
     (scaled units, ``max_oracle_calls``), None for none."""
-    from stanvi.bench.target_bench import _best_time  # noqa: PLC0415
+    from stanvi.bench.target_bench import best_time  # noqa: PLC0415
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
     from stanvi.fit import fit as stanvi_fit  # noqa: PLC0415
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
@@ -142,9 +81,9 @@ def run_model(name: str, stan: Path, data: Path | None, *, configs=DEFAULT_CONFI
 
     z = np.random.default_rng(0).normal(scale=0.5, size=(256, d))
     v = np.random.default_rng(1).normal(size=(256, d))
-    cost = {"gradient": _best_time(lambda: target.log_density_gradient(z), 5) / 256,
-            "hvp": _best_time(lambda: target.log_density_hvp(z, v), 5) / 256,
-            "log_density": _best_time(lambda: target.log_density(z), 5) / 256}
+    cost = {"gradient": best_time(lambda: target.log_density_gradient(z), 5) / 256,
+            "hvp": best_time(lambda: target.log_density_hvp(z, v), 5) / 256,
+            "log_density": best_time(lambda: target.log_density(z), 5) / 256}
 
     out(f"\n== {name} (D = {d})")
     out(f"  {'config':<16}{'final ELBO':>12}{'fails':>6}{'budget':>7}{'iters':>7}{'oracle':>10}"

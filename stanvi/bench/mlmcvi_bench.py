@@ -1,7 +1,7 @@
 """``stanvi bench mlmcvi``: MLMCVI against plain Monte Carlo and randomized QMC at equal cost
-(issue 12; specs/mlmcvi.md §3.3, §5.1-§5.3).
+(issue 12; docs/mlmcvi.md#baselines, docs/mlmcvi.md#bench-problems).
 
-Problems: the spec's simulated models (§5.1) — hierarchical linear regression "HLR" (I = 100,
+Problems: the paper's models, simulated — hierarchical linear regression "HLR" (I = 100,
 k = 10, D = 1012) and Bayesian logistic regression "BLR" (286 × 9 simulated in place of the
 Ljubljana data, D = 11) — as JAX targets, and two ``stan_models`` models through the Stan
 library (``logistic_regression``, D = 6, N = 1000; ``hierarchical_radon``, D = 101, N = 900).
@@ -18,7 +18,8 @@ Printed per problem:
 1. gradient variance (trace of the covariance over R replicates of this iteration's estimate,
    history fixed) and SNR (‖mean‖/√var, dimensionless, and the paper's ‖mean‖²/√var) at every
    100th iteration.  For MLMC the replicate mean is E[G_t | history] = ∇F + e_{t−1}, which
-   includes the frozen error (spec §2.7): a high MLMC SNR does not mean a small error.
+   includes the frozen error (docs/mlmcvi.md#diagnostics): a high MLMC SNR does not mean a small
+   error.
 2. ELBO (fixed common draws) against draw-level gradient evaluations and against run time
    (wall time minus the ELBO/variance evaluations; JAX compilation included), mean over seeds.
 3. the final ELBO, mean ± s.e. over seeds, and the difference to the best estimator.
@@ -52,8 +53,9 @@ def _lognormal_lpdf(x, mu, sd):
 
 
 def hlr_target(seed: int = 0, I: int = 100, K: int = 10) -> JaxTarget:  # noqa: E741
-    """Spec §5.1 HLR, simulated from the model (x_i ~ N(0, I_k), AMB-8): μ' ~ N(0, 10²),
-    σ' ~ LogNormal(0, 0.5), ε ~ LogNormal(0, 0.5), b_i ~ N(μ', σ'), y_i ~ N(x_iᵀ b_i, ε).
+    """HLR (docs/mlmcvi.md#bench-problems), simulated from the model (x_i ~ N(0, I_k)):
+    μ' ~ N(0, 10²), σ' ~ LogNormal(0, 0.5), ε ~ LogNormal(0, 0.5), b_i ~ N(μ', σ'),
+    y_i ~ N(x_iᵀ b_i, ε).
     Unconstrained z = (μ' (k), log σ', log ε, B (I·k)), Jacobian included; D = I·k + k + 2."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((I, K))
@@ -78,7 +80,7 @@ def hlr_target(seed: int = 0, I: int = 100, K: int = 10) -> JaxTarget:  # noqa: 
 
 
 def blr_target(seed: int = 0, N: int = 286, K: int = 9) -> JaxTarget:
-    """Spec §5.1 BLR (binary), simulated 286 × 9 in place of UCI Ljubljana (§5.1 data table):
+    """BLR (binary; docs/mlmcvi.md#bench-problems), simulated 286 × 9 in place of UCI Ljubljana:
     standardized X ~ N(0, I), y ~ Bern(sigmoid(X z*)) with z* ~ N(0, 1); the model
     τ ~ Gamma(0.5, 0.5) (a precision), μ ~ N(0, 1), z_j ~ N(μ, τ^{−1/2}), y ~ Bern(sigmoid(Xz)).
     Unconstrained (log τ, μ, z), Jacobian included; D = K + 2 = 11."""
@@ -112,7 +114,7 @@ def stan_target(name: str, models_dir: Path):
 
 # problem -> (target factory (models_dir -> Target), α_0 grid).  The grids bracket the range
 # where pilot runs (T = 1000, MLMC and MC) neither diverged nor stalled: SGD on raw model
-# gradients is scale-sensitive (spec §7.8), e.g. hierarchical_radon fails at 1e-3.
+# gradients is scale-sensitive (docs/mlmcvi.md#step-size), e.g. hierarchical_radon fails at 1e-3.
 PROBLEMS: dict[str, tuple[Any, tuple[float, ...]]] = {
     "hlr": (lambda models_dir: hlr_target(), (1e-3, 3e-4, 1e-4, 3e-5)),
     "blr": (lambda models_dir: blr_target(), (1e-2, 3e-3, 1e-3, 3e-4)),
@@ -123,8 +125,9 @@ PROBLEMS: dict[str, tuple[Any, tuple[float, ...]]] = {
 }
 TUNED_WITH = {"mlmc": "mlmc", "mc": "mc", "rqmc": "mc", "mlmc+restart": "mlmc"}
 """α_0 is tuned per problem on its grid by the final ELBO of one pilot run (seed 100; the paper
-tuned every method separately, §5.1 and AMB-15), for MLMC and for MC; RQMC uses MC's α_0 (the
-paper's Table 3 has nearly the same rates for both) and MLMC with restarts uses MLMC's."""
+tuned every method separately, §5.1; docs/mlmcvi.md#resolutions), for MLMC and for MC; RQMC
+uses MC's α_0 (the paper's Table 3 has nearly the same rates for both) and MLMC with restarts
+uses MLMC's."""
 CONFIGS = {"mlmc": {"estimator": "mlmc"}, "mc": {"estimator": "mc"},
            "rqmc": {"estimator": "rqmc"}, "mlmc+restart": {"estimator": "mlmc",
                                                            "restart_every": 100}}

@@ -22,7 +22,7 @@ seeds of (:mod:`stanvi.bench.peers_report` prints them, the ratios and the plot)
 * ``elbo``: stanvi's and Stan ADVI's Gaussians on 10,000 common base draws; single-path
   Pathfinder's mean of lp − lp_approx over its draws; none for multi-path;
 * ``mean_error_sd``, ``w1_sd``: medians over marginals of |mean − mean_ref| / sd_ref and of the
-  1-Wasserstein distance / sd_ref (:mod:`stanvi.batch.accuracy`), and k̂.
+  1-Wasserstein distance / sd_ref (:mod:`stanvi.evaluation.accuracy`), and k̂.
 
 Each model's rows are printed when it is done and, with ``--output``, written as JSON.
 """
@@ -58,7 +58,7 @@ class PeerCase(NamedTuple):
 
 
 def _accuracy(draws: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, Any]:
-    from stanvi.batch.accuracy import labelled_draws, marginal_accuracy  # noqa: PLC0415
+    from stanvi.evaluation.accuracy import labelled_draws, marginal_accuracy  # noqa: PLC0415
 
     acc = marginal_accuracy(labelled_draws(draws), reference)
     return {"mean_error_sd": acc["mean_error_sd_median"], "w1_sd": acc["w1_sd_median"]}
@@ -83,7 +83,7 @@ def _fit_method(method: str, compiled, data, seed: int, options: dict):
 
 def _figures(method: str, result, target, common: np.ndarray) -> dict[str, Any]:
     """A run's costs, ELBO, k̂ and draws."""
-    from stanvi.bench.methods_bench import summarize_run  # noqa: PLC0415
+    from stanvi.evaluation.protocol import summarize_run  # noqa: PLC0415
     from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
 
@@ -228,7 +228,7 @@ def run_case(case: PeerCase, seeds: int, methods: tuple[str, ...] = METHODS, *,
 
 def stan_models_cases(models_dir: Path, models: list[str] | None = None) -> list[PeerCase]:
     """The stan_models set with data (NUTS references, run by :func:`run_case`)."""
-    from stanvi.bench.methods_bench import discover_models  # noqa: PLC0415
+    from stanvi.evaluation.models import discover_models  # noqa: PLC0415
 
     found = [PeerCase(n, s, str(d)) for n, s, d in discover_models(models_dir) if d is not None]
     return [c for c in found if not models or c.name in models]

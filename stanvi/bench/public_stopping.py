@@ -10,7 +10,7 @@ others):
    stanc rejects (posteriordb has some in pre-2.33 syntax) is recorded as skipped with stanc's
    message;
 2. compute its mean-field optimum independently of every stanvi method, by the procedure of
-   ``stan_models/compute_optima.py`` (:func:`stanvi.bench.optima.optimum_record`: L-BFGS-B on a
+   ``stan_models/compute_optima.py`` (:func:`stanvi.evaluation.optima.optimum_record`: L-BFGS-B on a
    fixed 4,096-draw sample-average ELBO from four starts, ELBO re-estimated on 100,000 fresh
    draws), cached as ``<optima dir>/<posterior>.optimum.json`` (default
    ``<stanvi cache root>/optima``) and recomputed when the model code or data change
@@ -40,7 +40,7 @@ import numpy as np
 
 from stanvi.batch.posteriordb import database_root, posterior_files  # noqa: F401
 from stanvi.batch.posteriordb import read_zipped_json as read_data
-from stanvi.bench.optima import optimum_record
+from stanvi.evaluation.optima import optimum_record
 from stanvi.bench.stopping_bench import StopRun, run_model
 
 DEFAULT_CONFIGS = ("trustvi:default",)
@@ -105,7 +105,7 @@ def source_digest(code: str, data: dict) -> str:
 
 def cached_optimum(name: str, target, digest: str, optima_dir: Path) -> tuple[dict, bool, Path]:
     """The optimum record of a posterior: read from ``<optima_dir>/<name>.optimum.json`` when its
-    ``source_sha256`` matches, else computed (:func:`~stanvi.bench.optima.optimum_record`) and
+    ``source_sha256`` matches, else computed (:func:`~stanvi.evaluation.optima.optimum_record`) and
     written there.  Returns (record, whether it came from the cache, path)."""
     path = Path(optima_dir).expanduser() / f"{name}.optimum.json"
     if path.exists():

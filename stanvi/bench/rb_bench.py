@@ -1,5 +1,5 @@
-"""``stanvi bench rb``: the Rao-Blackwellized estimator's figures (spec
-``rao_blackwellized_discrete.md`` §3 "Recommended CPU benchmark"; docs/discrete.md).
+"""``stanvi bench rb``: the Rao-Blackwellized estimator's figures (docs/discrete.md#toy-problem,
+docs/discrete.md#rb-checks).
 
 1. **E1 variance table**: the toy problem (three Bernoullis, K = 8) at η ∈ {−4, 0}, k = 0..8,
    REINFORCE and REINFORCE+ with one shared baseline draw: R vmapped gradients per cell; mean,

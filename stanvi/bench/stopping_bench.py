@@ -30,8 +30,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from stanvi.bench.methods_bench import discover_models, summarize_run
-from stanvi.bench.protocol import first_consistent
+from stanvi.evaluation.models import discover_models
+from stanvi.evaluation.protocol import first_consistent, summarize_run
 
 DEFAULT_CONFIGS = ("trustvi:default",)
 ABLATIONS = ("trustvi:default", "trustvi:default:metric=euclidean",

@@ -41,7 +41,7 @@ MODELS = {
 }
 
 
-def _best_time(fn, repeats: int, inner: int = 1) -> float:
+def best_time(fn, repeats: int, inner: int = 1) -> float:
     """Best-of-``repeats`` wall time of ``inner`` calls of fn, per call (seconds)."""
     fn()
     best = float("inf")
@@ -54,7 +54,7 @@ def _best_time(fn, repeats: int, inner: int = 1) -> float:
 
 
 def _best_times(fns, repeats: int, inner: int = 1) -> list[float]:
-    """Like :func:`_best_time` for several functions, timed in turn within each repeat, so that
+    """Like :func:`best_time` for several functions, timed in turn within each repeat, so that
     a change of machine load during the measurement affects all of them alike."""
     for fn in fns:
         fn()
@@ -112,20 +112,20 @@ def bench_model(stan_file: Path, data_file: Path, *, batch: int = 256, cold: boo
     res["dim"] = target.dim
     res["batch"] = batch
     res["threads"] = target.threads
-    res["cpp_gradient_per_draw"] = _best_time(lambda: serial.log_density_gradient(z), repeats) / batch
-    res["cpp_hvp_per_draw"] = _best_time(lambda: serial.log_density_hvp(z, v), repeats) / batch
+    res["cpp_gradient_per_draw"] = best_time(lambda: serial.log_density_gradient(z), repeats) / batch
+    res["cpp_hvp_per_draw"] = best_time(lambda: serial.log_density_hvp(z, v), repeats) / batch
     one = z[:1].copy()
-    res["one_draw_call"] = _best_time(lambda: serial.log_density_gradient(one), repeats, inner=200)
-    res["batched_gradient_per_draw"] = _best_time(lambda: target.log_density_gradient(z),
-                                                  repeats) / batch
-    res["batched_hvp_per_draw"] = _best_time(lambda: target.log_density_hvp(z, v), repeats) / batch
+    res["one_draw_call"] = best_time(lambda: serial.log_density_gradient(one), repeats, inner=200)
+    res["batched_gradient_per_draw"] = best_time(lambda: target.log_density_gradient(z),
+                                                 repeats) / batch
+    res["batched_hvp_per_draw"] = best_time(lambda: target.log_density_hvp(z, v), repeats) / batch
     bs = target._bs  # the bridgestan client on the same library
 
     def python_loop():
         for row in z:
             bs.log_density_gradient(row, propto=False, jacobian=True)
 
-    res["python_loop_per_draw"] = _best_time(python_loop, max(3, repeats // 2)) / batch
+    res["python_loop_per_draw"] = best_time(python_loop, max(3, repeats // 2)) / batch
     # The bridge's cost per call is measured on the 1-thread target: with all threads the batched
     # call's own time varies by more than the overhead under load.
     zj, one_j = jnp.asarray(z), jnp.asarray(one)
@@ -135,8 +135,8 @@ def bench_model(stan_file: Path, data_file: Path, *, batch: int = 256, cold: boo
     grads = {b: jax.jit(jax.vmap(jax.grad(serial.jax_log_density_with(b)))) for b in backends}
     for b in backends:
         grad_all = jax.jit(jax.vmap(jax.grad(target.jax_log_density_with(b))))
-        res[f"jax_{b}_per_draw"] = _best_time(lambda: grad_all(zj).block_until_ready(),
-                                              repeats, inner=20) / batch
+        res[f"jax_{b}_per_draw"] = best_time(lambda: grad_all(zj).block_until_ready(),
+                                             repeats, inner=20) / batch
     many = _best_times([lambda: serial.log_density_gradient(z)]
                        + [lambda g=g: g(zj).block_until_ready() for g in grads.values()],
                        repeats, inner=20)
@@ -194,7 +194,7 @@ def bench_exceptions(stan_file: Path, data_file: Path, *, compiles: int = 300, r
         res = target.log_density_gradient(z)
         if res.ok.any() or "must be at most 2" not in res.messages.get(rows - 1, ""):
             raise RuntimeError(f"reject_region did not throw as expected: {res.messages}")
-        return _best_time(lambda: target.log_density_gradient(z), repeats) / rows
+        return best_time(lambda: target.log_density_gradient(z), repeats) / rows
 
     out: dict[str, float] = {"compiles": float(compiles)}
     for label, target in early.items():

@@ -1,9 +1,10 @@
 """A product of independent categoricals ``q(z) = Π_m q_m(z_m)`` with a non-separable objective
-and a large joint space (spec §2, regime C): the joint top-k by merging, and draws from the
-remainder by rejection.
+and a large joint space (docs/discrete.md#product-categoricals): the joint top-k by merging, and
+draws from the remainder by rejection.
 
 * :func:`joint_top_k`: exact, because a configuration whose prefix is not among the top-k
-  prefixes is beaten by k configurations that share its suffix (spec §2 C).  O(D·k²).
+  prefixes is beaten by k configurations that share its suffix
+  (docs/discrete.md#product-categoricals).  O(D·k²).
 * :func:`remainder_by_rejection`: ``z ~ Π q_m`` until ``z ∉ C_k`` (expected 1/ε_k tries), capped
   at ``max_tries``; a capped draw is reported (``ok`` False) so the caller can drop its term
   (bias at most ε_k·|g|) and count it.

@@ -1,6 +1,6 @@
 """Rao-Blackwellized gradient estimators for one categorical variable (Liu, Regier, Tripuraneni,
 Jordan & McAuliffe 2019, "Rao-Blackwellized Stochastic Gradients for Discrete Distributions",
-ICML; spec ``rao_blackwellized_discrete.md`` §1–2).
+ICML; docs/discrete.md#rb-estimator and #choosing-k).
 
 Setting: ``q_η(z)`` over categories ``0..K−1`` given by normalised ``log_probs`` (shape
 ``(..., K)``; leading axes are independent rows), and an integrand ``f`` that maps an int array of
@@ -8,27 +8,32 @@ indices ``(..., M)`` to values ``(..., M)``, differentiable in the parameters; t
 ``∇ Σ_z q(z) f(z)``.  Every function returns a **surrogate** scalar: ``jax.grad`` of it is the
 estimate (the caller decides whether it maximises or minimises).
 
-The estimator (paper Eq. 6; spec §1 "(RB)"): sum the ``k`` most probable categories ``C_k``
-exactly and cover the remainder ``C̄_k`` (mass ``ε_k``) with draws ``v ~ q(·| C̄_k)``::
+The estimator (paper Eq. 6; docs/discrete.md#rb-estimator): sum the ``k`` most probable
+categories ``C_k`` exactly and cover the remainder ``C̄_k`` (mass ``ε_k``) with draws
+``v ~ q(·| C̄_k)``::
 
-    ĝ = Σ_{z∈C_k} ∇[q(z) f(z)]  +  ∇ε_k · f̄_v  +  (ε_k / n) Σ_i [∇f(v_i) + (f(v_i) − b_i) ∇log q(v_i | C̄_k)]
+    ĝ = Σ_{z∈C_k} ∇[q(z) f(z)]  +  ∇ε_k · f̄_v
+        +  (ε_k / n) Σ_i [∇f(v_i) + (f(v_i) − b_i) ∇log q(v_i | C̄_k)]
 
-with ``f̄_v`` the mean of the n remainder values.  This is the spec's fact (iii) form: the summed
-part is exact, only the remainder is noisy, and any baseline ``b_i`` independent of ``v_i`` keeps
-it unbiased (``∇log q(v|C̄) = ∇log q(v) − ∇log ε_k`` has mean zero under ``q|C̄``).  With a scalar
+with ``f̄_v`` the mean of the n remainder values.  This is the shared-baseline form
+(docs/discrete.md#shared-baseline): the summed part is exact, only the remainder is noisy, and
+any baseline ``b_i`` independent of ``v_i`` keeps it unbiased
+(``∇log q(v|C̄) = ∇log q(v) − ∇log ε_k`` has mean zero under ``q|C̄``).  With a scalar
 baseline shared by all terms it is algebraically the paper's ``Σ_{C_k} q g + ε_k g(v)`` with
-REINFORCE ``g(z) = (f(z) − b)∇log q(z) + ∇f(z)`` (spec fact iii); with ``b = 0`` it is that with
-plain REINFORCE.  The authors' own REINFORCE+ (a fresh baseline draw per term, unconditional
-score) is ``reinforce("independent_sample")``, kept for comparison (spec §3 table, last row).
+REINFORCE ``g(z) = (f(z) − b)∇log q(z) + ∇f(z)``; with ``b = 0`` it is that with plain
+REINFORCE.  The authors' own REINFORCE+ (a fresh baseline draw per term, unconditional score)
+is ``reinforce("independent_sample")``, kept for comparison (docs/discrete.md#toy-problem, the
+table's last row).
 
-How k is chosen (spec §2 "Choosing k"):
+How k is chosen (docs/discrete.md#choosing-k):
 
 * ``k`` (static): ``C_k`` and one remainder draw (k + 1 evaluations); ``k = 0`` is the base
-  estimator itself (bit for bit, test 2); ``k ≥ K`` the exact sum.
-* ``budget=M`` with ``rule="prop2"``: ``k̂ = argmin_{j<M} ε_j/(M−j)`` (paper Prop. 2, with the
-  spec's §6 item 5 range), then ``M − k̂`` iid remainder draws, each with weight ``ε_k̂/(M−k̂)``;
-  ``rule="mass"``: ``k̂ = min{j : ε_j ≤ mass_tol} ∧ (M−1)``; ``rule="fixed"`` with ``k``: ``k``
-  summed and ``M − k`` draws.  Shapes stay static (``k̂`` is traced), so it runs under ``jit``.
+  estimator itself (bit for bit); ``k ≥ K`` the exact sum.
+* ``budget=M`` with ``rule="prop2"``: ``k̂ = argmin_{j<M} ε_j/(M−j)`` (paper Prop. 2, over
+  ``j < M``, not the paper's ``j ≤ M``: docs/discrete.md#budget-rule), then ``M − k̂`` iid
+  remainder draws, each with weight ``ε_k̂/(M−k̂)``; ``rule="mass"``:
+  ``k̂ = min{j : ε_j ≤ mass_tol} ∧ (M−1)``; ``rule="fixed"`` with ``k``: ``k`` summed and
+  ``M − k`` draws.  Shapes stay static (``k̂`` is traced), so it runs under ``jit``.
   ``M ≥ K`` is the exact sum.
 
 Weights ``q(z)`` and ``ε`` enter as stop-gradient constants; the gradient through q comes only
@@ -101,7 +106,7 @@ def fixed_columns(key: Array, lp: Array, k: int, n: int = 1) -> Columns:
         idx = jnp.broadcast_to(jnp.arange(K), lp.shape)
         return Columns(idx, p, jnp.zeros(lp.shape, bool), jnp.ones(lp.shape, bool),
                        jnp.zeros(lp.shape[:-1]), jnp.zeros(lp.shape[:-1], jnp.int32))
-    if k == 0:   # the base estimator: ε ≡ 1, v ~ q (spec review note: skip top_k)
+    if k == 0:   # the base estimator: ε ≡ 1, v ~ q (no top_k: docs/discrete.md#choosing-k)
         v = jax.random.categorical(key, lp[..., None, :], axis=-1,
                                    shape=(*lp.shape[:-1], n))
         ones = jnp.ones(lp.shape[:-1])
@@ -123,7 +128,7 @@ def fixed_columns(key: Array, lp: Array, k: int, n: int = 1) -> Columns:
 def remainder_masses(lp: Array, budget: int) -> tuple[Array, Array, Array]:
     """(top indices (..., M), their probabilities (..., M), ε_j for j = 0..M (..., M+1)):
     ``ε_M`` by logsumexp over the categories outside the top M, then
-    ``ε_j = ε_M + Σ_{i=j}^{M−1} p_top[i]`` (spec §2 (b), no cancellation)."""
+    ``ε_j = ε_M + Σ_{i=j}^{M−1} p_top[i]`` (docs/discrete.md#budget-rule; no cancellation)."""
     K = lp.shape[-1]
     top_lp, top = lax.top_k(lp, budget)
     p_top = jnp.exp(top_lp)
@@ -135,7 +140,8 @@ def remainder_masses(lp: Array, budget: int) -> tuple[Array, Array, Array]:
 def choose_k(eps: Array, budget: int, rule: str, mass_tol: float = 0.05,
              k: int | None = None) -> Array:
     """k̂ (...,) from the remainder masses ε_0..ε_M: 'prop2' ``argmin_{j<M} ε_j/(M−j)`` (paper
-    Prop. 2; ties to the smaller j), 'mass' ``min{j : ε_j ≤ mass_tol} ∧ (M−1)``, 'fixed' ``k``."""
+    Prop. 2; ties to the smaller j), 'mass' ``min{j : ε_j ≤ mass_tol} ∧ (M−1)``,
+    'fixed' ``k``."""
     M = budget
     if rule == "prop2":
         return jnp.argmin(eps[..., :M] / (M - jnp.arange(M)), axis=-1).astype(jnp.int32)
@@ -152,7 +158,7 @@ def budget_columns(key: Array, lp: Array, budget: int, rule: str = "prop2",
                    mass_tol: float = 0.05, k: int | None = None) -> Columns:
     """``budget = M < K`` columns per row: the first k̂ (:func:`choose_k`) are the top
     categories with weight ``q(z)``, the other ``M − k̂`` are iid draws from ``q|C̄_k̂`` with
-    weight ``ε_k̂/(M − k̂)`` (spec §2 (b)); k̂ is traced, shapes static."""
+    weight ``ε_k̂/(M − k̂)`` (docs/discrete.md#budget-rule); k̂ is traced, shapes static."""
     M = int(budget)
     top, p_top, eps_all = remainder_masses(lp, M)
     khat = choose_k(eps_all, M, rule, mass_tol, k)
@@ -176,22 +182,22 @@ def budget_columns(key: Array, lp: Array, budget: int, rule: str = "prop2",
 @dataclass(frozen=True)
 class Reinforce:
     """REINFORCE (score function) with an optional baseline, as the base estimator ``g`` of the
-    Rao-Blackwellization (spec §2 "Base-estimator interface").
+    Rao-Blackwellization (docs/discrete.md#base-estimators).
 
     ``baseline``:
 
     * None: ``g(z) = f(z)∇log q(z) + ∇f(z)``.
     * ``"shared_sample"`` (REINFORCE+, shared): ``b = sg f(z')`` with one ``z' ~ q`` per row,
-      shared by all terms (one extra evaluation); the spec's recommended variant.
+      shared by all terms (one extra evaluation); the recommended variant.
     * ``"independent_sample"`` (the authors' code): a fresh ``z'_c ~ q`` per term, applied with
       the unconditional score to every term (M extra evaluations); unbiased, but not exact at
-      ``k ≥ K−1`` and Prop. 1's ``ε_k`` factor can fail (spec §1 caveat).
+      ``k ≥ K−1`` and Prop. 1's ``ε_k`` factor can fail (docs/discrete.md#variance-bounds).
     * ``"ema"``: a value given by the caller (``baseline_value``, e.g. a running mean of past
       values, :func:`ema_update`); no extra evaluation.
     * ``"loo"``: for remainder draw i the mean of the other remainder draws' values (leave one
       out, Kool, van Hoof & Welling 2019) when there are ≥ 2; with one draw the weighted mean of
-      the summed values ``Σ_{C_k} q f/(1 − ε)`` (spec §5a step 3); with neither, 0.  All are
-      independent of the draw they are applied to, so unbiased.
+      the summed values ``Σ_{C_k} q f/(1 − ε)`` (docs/discrete.md#mixture-estimator); with
+      neither, 0.  All are independent of the draw they are applied to, so unbiased.
     * a callable ``b(log_probs)`` → (...,) (NVIL-style learned baseline; the caller trains it).
     """
 
@@ -301,12 +307,13 @@ def rao_blackwell(key: Array, log_probs: Array, f: Callable[[Array], Array], *,
                   rule: Literal["fixed", "prop2", "mass"] = "fixed", mass_tol: float = 0.05,
                   base: Reinforce | None = None, baseline_value: Array | None = None
                   ) -> RBResult:
-    """The Rao-Blackwellized estimate of ``∇ Σ_z q(z) f(z)`` (module docstring; spec §2 API).
+    """The Rao-Blackwellized estimate of ``∇ Σ_z q(z) f(z)`` (docs/discrete.md#rb-estimator).
 
     Give ``k`` (static; one remainder draw, k + 1 evaluations) or ``budget`` (M evaluations
     per row, k̂ by ``rule``; with ``rule='fixed'`` also ``k``).  ``base`` defaults to
-    ``reinforce('shared_sample')`` (the spec's default).  ``log_probs`` must be normalised
-    (``jax.nn.log_softmax``).  ``f`` is called once, on all evaluated indices (..., M + extra).
+    ``reinforce('shared_sample')`` (docs/discrete.md#base-estimators).  ``log_probs`` must be
+    normalised (``jax.nn.log_softmax``).  ``f`` is called once, on all evaluated indices
+    (..., M + extra).
     """
     base = reinforce("shared_sample") if base is None else base
     log_probs = jnp.asarray(log_probs)
@@ -352,8 +359,8 @@ def rb_terms(log_probs: Array, top_idx: Array, v: Array, f: Callable[[Array], Ar
              baseline_value: Array | None = None) -> RBResult:
     """The estimate for a given summed set ``top_idx`` (..., k) and given remainder draws ``v``
     (..., n) (or (...,) for one): the deterministic core of :func:`rao_blackwell`, so tests can
-    enumerate the expectation over v exactly (spec §4).  ``key`` drives the base's baseline
-    draws; ``v`` must lie in the complement of ``top_idx`` (where ε > 0)."""
+    enumerate the expectation over v exactly (docs/discrete.md#rb-checks).  ``key`` drives the
+    base's baseline draws; ``v`` must lie in the complement of ``top_idx`` (where ε > 0)."""
     base = reinforce() if base is None else base
     log_probs = jnp.asarray(log_probs)
     cols = columns_for(sg(log_probs), top_idx, v)

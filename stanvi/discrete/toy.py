@@ -1,10 +1,10 @@
-"""The paper's toy problem (Liu et al. 2019, §5.1; spec §3 E1) and exact moments of the
-Rao-Blackwellized estimators on any small categorical, by enumeration.
+"""The paper's toy problem (Liu et al. 2019, §5.1; docs/discrete.md#toy-problem) and exact
+moments of the Rao-Blackwellized estimators on any small categorical, by enumeration.
 
-E1: three Bernoullis ``b_i ~ Bernoulli(σ(η))``, ``f(b) = Σ_i (b_i − p_i)²`` with
+The problem: three Bernoullis ``b_i ~ Bernoulli(σ(η))``, ``f(b) = Σ_i (b_i − p_i)²`` with
 ``p = (0.6, 0.51, 0.48)``, treated as one categorical over K = 8 (index ``4b₁ + 2b₂ + b₃``);
-``L(η) = Σ_i [σ(1 − p_i)² + (1 − σ)p_i²] = Σp² − 0.18 σ(η)``, minimised over the scalar η;
-``∇L = −0.18 σ(1 − σ)``: −0.0031793 at η = −4, −0.045 at η = 0.
+``L(η) = Σ_i [σ(1 − p_i)² + (1 − σ)p_i²] = Σp² − 0.18 σ(η)``, minimised over
+the scalar η; ``∇L = −0.18 σ(1 − σ)``: −0.0031793 at η = −4, −0.045 at η = 0.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def exact_moments(log_probs_fn: Callable, f: Callable, eta, top_idx, base: Reinf
                   ) -> tuple[float, float]:
     """(mean, variance) of the RB estimate of ``∇_η Σ q_η f`` for a scalar η, the summed set
     ``top_idx`` (k,) and one remainder draw, by exact enumeration over the remainder draw v and
-    the base's baseline draws (spec §4 items 3–4).
+    the base's baseline draws (docs/discrete.md#rb-checks).
 
     ``base``: ``reinforce()`` (deterministic), ``reinforce('shared_sample')`` (one z' shared by
     all terms: enumerated jointly with v), or ``reinforce('independent_sample')`` (z'_c per term:
@@ -122,10 +122,11 @@ def top_set(log_probs, k: int) -> np.ndarray:
 def sgd_paths(key: jax.Array, *, estimator: str = "rb", k: int = 1,
               base: Reinforce | None = None, n_trials: int = 20, n_steps: int = 1000,
               lr: float = 1.0, eta0: float = -4.0) -> np.ndarray:
-    """E1's SGD runs (spec §3: lr 1.0, 1000 steps from η = −4, 20 trials [code]): the exact loss
-    L(η_t) after each step, (n_trials, n_steps).  ``estimator``: 'exact' (the exact gradient),
-    'rb' (:func:`~stanvi.discrete.rao_blackwell.rao_blackwell` with ``k``; ``k = 0`` is the
-    base estimator itself)."""
+    """The toy problem's SGD runs (docs/discrete.md#toy-problem: lr 1.0, 1000 steps from η = −4,
+    20 trials, as in the authors' code): the exact loss L(η_t) after each step, (n_trials,
+    n_steps).  ``estimator``: 'exact' (the exact gradient), 'rb'
+    (:func:`~stanvi.discrete.rao_blackwell.rao_blackwell` with ``k``; ``k = 0`` is the base
+    estimator itself)."""
     from stanvi.discrete.rao_blackwell import rao_blackwell  # noqa: PLC0415
 
     base = reinforce() if base is None else base

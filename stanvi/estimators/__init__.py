@@ -1,8 +1,9 @@
-"""ELBO estimators: the interface and registry (:mod:`stanvi.estimators.base`), the
-reparameterization estimator (:mod:`stanvi.estimators.elbo`) and Stan ADVI's ``calc_grad``
-(:mod:`stanvi.estimators.stan_advi`)."""
+"""ELBO estimators: the interface (:mod:`stanvi.estimators.base`), the registry
+(:mod:`stanvi.estimators.registry`), the reparameterization estimator
+(:mod:`stanvi.estimators.elbo`) and Stan ADVI's ``calc_grad`` (:mod:`stanvi.estimators.stan_advi`)."""
 
-from stanvi.estimators.base import ESTIMATORS, Estimator, estimator_for
+from stanvi.estimators.base import Estimator
+from stanvi.estimators.registry import ESTIMATORS, estimator_for
 from stanvi.estimators.elbo import (ElboEstimator, GradientEstimate, GradientFailure,
                                     gradient_with_redraws, standard_normal)
 

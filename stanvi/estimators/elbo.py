@@ -53,7 +53,7 @@ def elbo_term(family, log_density: Callable[[jax.Array], jax.Array]) -> Callable
 def bucket(n: int) -> int:
     """The batch size a draw count ``n`` is evaluated at when bucketed: the smallest power of two
     ≥ n, so a few programs (1, 2, 4, …, compiled once and kept in JAX's persistent cache,
-    :mod:`stanvi.jax_config`) serve every draw count (DESIGN.md, "Conventions")."""
+    :mod:`stanvi.jax_config`) serve every draw count (docs/architecture.md#conventions)."""
     n = int(n)
     if n < 1:
         raise ValueError(f"a batch needs at least one draw, got {n}")
@@ -62,8 +62,8 @@ def bucket(n: int) -> int:
 
 class CompiledByShape:
     """``jax.jit(fn)`` compiled ahead of time once per argument-shape signature, timing each
-    compilation, so a fit can report JAX compile time apart from run time (DESIGN.md,
-    "Conventions")."""
+    compilation, so a fit can report JAX compile time apart from run time
+    (docs/architecture.md#conventions)."""
 
     def __init__(self, fn: Callable) -> None:
         self._jitted = jax.jit(fn)
@@ -87,7 +87,7 @@ class CompiledByShape:
         return compiled(*args)
 
 
-class _PaddedRows:
+class PaddedRows:
     """A row-wise :class:`CompiledByShape` function evaluated at a bucketed batch size.
 
     Argument ``rows_arg`` holds the base draws (n, D); they are padded with zero rows to
@@ -184,7 +184,7 @@ class ElboEstimator:
                           self._log_p_and_q, self._values_and_model_grads, self._entropy_grad)
         # the row-wise functions can run at bucketed batch sizes (see __init__'s docstring); the
         # HVP averages over its draws, so it always runs at the caller's size
-        self._rows = {name: _PaddedRows(compiled, rows_arg, counter) for name, compiled, rows_arg in (
+        self._rows = {name: PaddedRows(compiled, rows_arg, counter) for name, compiled, rows_arg in (
             ("values", self._values, 1), ("values_and_grads", self._values_and_grads, 1),
             ("pair_differences", self._pair_differences, 2), ("log_p_and_q", self._log_p_and_q, 1),
             ("values_and_model_grads", self._values_and_model_grads, 1))}
@@ -302,7 +302,7 @@ def standard_normal(key: jax.Array, n: int, dim: int) -> np.ndarray:
 
 
 def collect_valid(evaluate: Callable, key: jax.Array, n: int, dim: int, max_drops: int,
-                   what: str) -> tuple[list[np.ndarray], int, int]:
+                  what: str) -> tuple[list[np.ndarray], int, int]:
     """Draw batches of n base draws until n valid ones are collected: Stan's drop-and-redraw rule
     (``calc_grad``, ``calc_ELBO``; docs/algorithms.md#advi), the one home of that rule in Python
     (its JAX form, for compiled loops, is :func:`stanvi.estimators.stan_advi.stan_calc_grad`).  ``evaluate(eps)`` returns (ok mask, *per-draw arrays); returns, for each array of

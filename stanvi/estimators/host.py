@@ -10,7 +10,7 @@ on a Stan model was most of a fit's wall time (issue T3-1: eight schools, 1.1 of
 
 The JAX estimator remains the path for JAX-native targets (a ``JaxTarget`` runs entirely on an
 accelerator), for families without host pieces (the mixture), and for methods whose loop is one
-compiled JAX program (ADVI's SGD); :func:`stanvi.estimators.base.estimator_for` chooses.
+compiled JAX program (ADVI's SGD); :func:`stanvi.estimators.registry.estimator_for` chooses.
 
 A draw whose log density fails has ℓ = −inf and NaN gradient (the target's batched calls never
 raise for one bad draw), as in the JAX estimator.

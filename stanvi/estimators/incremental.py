@@ -1,5 +1,5 @@
-"""The ``inc`` estimator: SAGA applied per ε (specs/joint_control_variate.md §3.3; Wang, Geffner
-& Domke 2024, Eq. 13), an incremental-gradient baseline that removes subsampling noise only:
+"""The ``inc`` estimator: SAGA applied per ε (docs/jointcv.md#inc; Wang, Geffner & Domke 2024,
+Eq. 13), an incremental-gradient baseline that removes subsampling noise only:
 
     g = (1/|B|) Σ_{n∈B} [∇f(w; n, ε) − ∇f(wⁿ; n, ε)] + (1/N) Σ_m ∇f(wᵐ; m, ε)
 
@@ -18,7 +18,7 @@ from stanvi.estimators.subsampled import SubsampledEstimator, noise, row_gradien
 
 
 class Incremental(SubsampledEstimator):
-    """``inc`` (spec §3.3)."""
+    """``inc`` (docs/jointcv.md#inc)."""
 
     name = "inc"
     uses_table = True

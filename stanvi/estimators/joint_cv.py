@@ -1,20 +1,20 @@
 """The ``joint`` estimator: the joint control variate of Wang, Geffner & Domke (2024, Eq. 5),
 in its SAGA form (a table, paper Alg. 1) and its SVRG form (a snapshot, Θ(d) memory, paper
-App. B Alg. 2) (specs/joint_control_variate.md §2).
+App. B Alg. 2) (docs/jointcv.md#joint-estimator, docs/jointcv.md#svrg).
 
 For a stored mean m, a stored scale s and a draw ε the per-term control-variate vector is
 
-    c_n(m, s; ε) = ∇k_n(m) + ∇²k_n(m)(s ⊙ ε),   E_ε c_n(m, s; ε) = ∇k_n(m)      (spec §2.1)
+    c_n(m, s; ε) = ∇k_n(m) + ∇²k_n(m)(s ⊙ ε),   E_ε c_n(m, s; ε) = ∇k_n(m)
 
-(the gradient of the second-order Taylor surrogate of k_n around m, with the sign of spec §8
-item 1), and the μ-block estimate on a minibatch B is
+(the gradient of the second-order Taylor surrogate of k_n around m, docs/jointcv.md#surrogate,
+with the sign of docs/jointcv.md#sign-fix), and the μ-block estimate on a minibatch B is
 
     g_μ = (1/|B|) Σ_{n∈B} [∇k_n(T_w(ε)) − c_n(μⁿ, sⁿ; ε)] + G,   G = (1/N) Σ_m ∇k_m(μᵐ),
 
 unbiased because E_{B,ε} of the mean of c_n over B is G for any batch with inclusion
-probability |B|/N.  The other blocks are naive (spec §2.1).  ``hvp_scale``: ``"table"`` uses
-sⁿ = exp(ωⁿ) stored with μⁿ (the paper; mean-field only), ``"current"`` the current σ (or L
-for the full-rank family, spec §2.6) — both unbiased.
+probability |B|/N.  The other blocks are naive (docs/jointcv.md#surrogate).  ``hvp_scale``:
+``"table"`` uses sⁿ = exp(ωⁿ) stored with μⁿ (the paper; mean-field only), ``"current"`` the
+current σ (or L for the full-rank family, docs/jointcv.md#full-rank) — both unbiased.
 """
 
 from __future__ import annotations
@@ -26,20 +26,21 @@ from stanvi.families.gaussian import MeanField
 
 
 def _hvp_scale(family, hvp_scale: str | None) -> str:
-    """``None`` → ``"table"`` for mean-field (paper), ``"current"`` otherwise (spec §2.6)."""
+    """``None`` → ``"table"`` for mean-field (paper), ``"current"`` otherwise
+    (docs/jointcv.md#full-rank)."""
     if hvp_scale is None:
         return "table" if isinstance(family, MeanField) else "current"
     if hvp_scale not in ("table", "current"):
         raise ValueError(f"hvp_scale must be 'table' or 'current', got {hvp_scale!r}")
     if hvp_scale == "table" and not isinstance(family, MeanField):
         raise ValueError("hvp_scale='table' stores a scale per term, which only the mean-field "
-                         "family has (a full-rank L per term would cost N·d² numbers, spec §2.6); "
-                         "use hvp_scale='current'")
+                         "family has (a full-rank L per term would cost N·d² numbers, "
+                         "docs/jointcv.md#full-rank); use hvp_scale='current'")
     return hvp_scale
 
 
 class JointSAGA(SubsampledEstimator):
-    """The joint CV with a SAGA table (spec §2.2–§2.3).
+    """The joint CV with a SAGA table (docs/jointcv.md#joint-estimator, docs/jointcv.md#table).
 
     State, one row per term n: μⁿ (``mu_table``), ωⁿ (``omega_table``, only with
     ``hvp_scale="table"``), gⁿ = ∇k_n(μⁿ) (``grad_table``, when ``cache_grads``; otherwise the
@@ -48,8 +49,8 @@ class JointSAGA(SubsampledEstimator):
     then G += (g_new − gⁿ)/N and the rows of B are set to the pre-step w (g_new = ∇k_n(μ), one
     term gradient per term at the shared point μ).  Cost per term: 2 gradients + 1 HVP.
 
-    ``surrogate_sign`` is −1 only in tests: the paper's App. F sign typo (spec §8 item 1), which
-    stays unbiased but increases the variance.
+    ``surrogate_sign`` is −1 only in tests: the paper's App. F sign typo
+    (docs/jointcv.md#sign-fix), which stays unbiased but increases the variance.
     """
 
     name = "joint"
@@ -81,7 +82,7 @@ class JointSAGA(SubsampledEstimator):
 
     def start(self, params: np.ndarray, chunk: int = 4096) -> None:
         """All rows at w and G their exact mean: a full pass of term gradients at μ (the
-        alternative initialization of spec §8 item 3), used when ``warmup_epochs=0``."""
+        alternative initialization of docs/jointcv.md#g-init), used when ``warmup_epochs=0``."""
         params = np.asarray(params, dtype=float)
         total = np.zeros(self.d)
         for lo in range(0, self.n, chunk):
@@ -93,15 +94,16 @@ class JointSAGA(SubsampledEstimator):
         self._drop_cache()
 
     def warmup_gradient(self, params: np.ndarray, idx: np.ndarray, eps: np.ndarray) -> np.ndarray:
-        """Naive estimate; the rows of B get the pre-step w and gⁿ = ∇k_n(μ) (spec §2.3)."""
+        """Naive estimate; the rows of B get the pre-step w and gⁿ = ∇k_n(μ)
+        (docs/jointcv.md#table)."""
         params = np.asarray(params, dtype=float)
         g = SubsampledEstimator.gradient(self, params, idx, eps)
         self._record(params, idx, self.target.term_gradients(idx, params[: self.d]))
         return g
 
     def finish_warmup(self) -> None:
-        """G = (1/N) Σ_m gᵐ over the *stored* entries (spec §8 item 3: not at the current w).
-        Rows the warm-up never visited (only possible with a partial epoch) raise."""
+        """G = (1/N) Σ_m gᵐ over the *stored* entries (docs/jointcv.md#g-init: not at the
+        current w).  Rows the warm-up never visited (only possible with a partial epoch) raise."""
         if not self.visited.all():
             raise RuntimeError(f"{int((~self.visited).sum())} table rows were not filled by the "
                                "warm-up; run whole epochs")
@@ -113,7 +115,8 @@ class JointSAGA(SubsampledEstimator):
             self.grad_table = None
 
     def end_epoch(self) -> None:
-        """Re-set G to the table mean (no model calls; removes floating-point drift, §2.3)."""
+        """Re-set G to the table mean (no model calls; removes floating-point drift,
+        docs/jointcv.md#table)."""
         if self.grad_table is not None:
             self.G = self.grad_table.mean(axis=0)
 
@@ -133,22 +136,23 @@ class JointSAGA(SubsampledEstimator):
         g_old = self.grad_table[idx] if self.grad_table is not None else g_at_table
         sign = self.surrogate_sign
         g[: self.d] = (gz - sign * (g_old + h)).mean(axis=0) + sign * self.G
-        # table and G with the pre-step w (after the estimate: spec §2.3's order)
+        # table and G with the pre-step w (after the estimate: docs/jointcv.md#table)
         g_new = self.target.term_gradients(idx, params[: self.d])
         self.G = self.G + (g_new - g_old).sum(axis=0) / self.n
         self._record(params, idx, g_new)
         return g
 
     def table_mean(self) -> np.ndarray:
-        """(1/N) Σ_m ∇k_m(μᵐ), recomputed from the model (tests: the G invariant, spec §6 test 4)."""
+        """(1/N) Σ_m ∇k_m(μᵐ), recomputed from the model (tests: the G invariant of
+        docs/jointcv.md#table)."""
         return self.target.term_gradients(np.arange(self.n), self.mu_table).mean(axis=0)
 
 
 class JointSVRG(SubsampledEstimator):
-    """The joint CV in SVRG form (spec §2.5; paper App. B, Alg. 2 with its two slips fixed,
-    spec §8 item 4): a snapshot w̃ = (μ̃, ω̃) and ḡ = (1/N) Σ_m ∇k_m(μ̃) (one full-data gradient)
-    refreshed every ``svrg_period`` calls (default: one epoch, ⌈N/b⌉ iterations, set by the
-    caller); the μ-block estimate is
+    """The joint CV in SVRG form (docs/jointcv.md#svrg; paper App. B, Alg. 2 with its two slips
+    fixed, docs/jointcv.md#svrg-slips): a snapshot w̃ = (μ̃, ω̃) and ḡ = (1/N) Σ_m ∇k_m(μ̃) (one
+    full-data gradient) refreshed every ``svrg_period`` calls (default: one epoch, ⌈N/b⌉
+    iterations, set by the caller); the μ-block estimate is
 
         g_μ = (1/|B|) Σ_{n∈B} [∇k_n(T_w(ε)) − ∇k_n(μ̃) − ∇²k_n(μ̃)(s̃ ⊙ ε)] + ḡ
 

@@ -1,9 +1,9 @@
-"""The multilevel reparameterized gradient (MLRG) of MLMCVI (specs/mlmcvi.md §1.3, §2.1–§2.2,
-§2.7, §2.9, §3.1; Fujisawa & Sato, *Multilevel Monte Carlo Variational Inference*, JMLR,
-Eq. 6–8, Lemma 1, Algorithm 1–2).
+"""The multilevel reparameterized gradient (MLRG) of MLMCVI (docs/mlmcvi.md#levels,
+docs/mlmcvi.md#update-rule, docs/mlmcvi.md#diagnostics, docs/mlmcvi.md#truncation; Fujisawa &
+Sato, *Multilevel Monte Carlo Variational Inference*, JMLR, Eq. 6–8, Lemma 1, Algorithm 1–2).
 
 Everything is for *minimizing* the free energy F(λ) = −ELBO(λ) (paper Eq. 2).  With base draws
-ε ~ N(0, I_D) and z = T(ε; λ), the per-draw gradient (Eq. 6, spec §1.3) is
+ε ~ N(0, I_D) and z = T(ε; λ), the per-draw gradient (Eq. 6, docs/mlmcvi.md#per-draw-gradient) is
 
     g_λ(ε) = ∇_λ [log q(T(ε;λ)|λ) − log p(T(ε;λ))],
 
@@ -23,13 +23,13 @@ The MLRG (Eq. 8) is a running telescoping sum over the optimization history (Lem
 
 with the same ε in both terms of a difference (R1, coupling), fresh ε at every level (R2,
 freshness), and each level computed once and frozen (R3, recycling).  Each level is ONE batched
-call of the target's gradient on 2 N_t points (spec §7.3).
+call of the target's gradient on 2 N_t points (docs/mlmcvi.md#batched-calls).
 
-Caveat (spec §2.9): G_t is unbiased in total expectation only.  Its error
+Caveat (docs/mlmcvi.md#persisting-error): G_t is unbiased in total expectation only.  Its error
 e_t = G_t − ∇F(λ_t) is a martingale with E‖e_t‖² = V_0/N_0 + Σ_s E[V_s/N_s] ≥ V_0/N_0, so the
 level-0 error is carried forever and the iterates settle at a stationary point of a randomly
 perturbed objective; :class:`LevelStats` carries what is needed to log this (V̂_t, V̂_t/N_t and
-the accumulated Acc_t of spec §2.7).
+the accumulated Acc_t of docs/mlmcvi.md#diagnostics).
 """
 
 from __future__ import annotations
@@ -47,11 +47,12 @@ SCALE_PARAMS = ("log", "direct")
 
 
 class Coordinates:
-    """The optimization coordinates θ of a Gaussian family (spec §1.2, AMB-2): the location m,
-    then the scale block as a log scale (``"log"``, stanvi's default) or as the scale itself
-    (``"direct"``, the paper's theory).  Mean-field: θ = (m, ω) or (m, v), K = 2D; full-rank:
-    θ = (m, vech(L)) row by row like :class:`~stanvi.families.gaussian.FullRank`, the diagonal
-    stored as ω_i (L_ii = e^ω_i) or as L_ii, K = D + D(D+1)/2.
+    """The optimization coordinates θ of a Gaussian family (docs/mlmcvi.md#per-draw-gradient,
+    docs/mlmcvi.md#resolutions): the location m, then the scale block as a log scale (``"log"``,
+    stanvi's default) or as the scale itself (``"direct"``, the paper's theory).  Mean-field:
+    θ = (m, ω) or (m, v), K = 2D; full-rank: θ = (m, vech(L)) row by row like
+    :class:`~stanvi.families.gaussian.FullRank`, the diagonal stored as ω_i (L_ii = e^ω_i) or as
+    L_ii, K = D + D(D+1)/2.
 
     Conversions to and from the family's own layout (:meth:`to_family`, :meth:`from_family`)
     keep q the same; a direct scale's sign is immaterial (q depends on |v|, or on LLᵀ)."""
@@ -73,7 +74,7 @@ class Coordinates:
     # ------------------------------------------------------------------ layout
     def scale_index(self) -> np.ndarray:
         """Positions in θ of the per-coordinate scale parameters (ω_i or v_i / L_ii): the
-        coordinates the collapse-risk check of spec §2.7 watches."""
+        coordinates the collapse-risk check of docs/mlmcvi.md#scale-collapse watches."""
         if self.fullrank:
             return self.dim + self._diag
         return np.arange(self.dim, 2 * self.dim)
@@ -133,7 +134,8 @@ class Coordinates:
         return m + (np.exp(s) if self.scale == "log" else s) * eps
 
     def per_draw(self, theta: np.ndarray, eps: np.ndarray, gamma: np.ndarray) -> np.ndarray:
-        """g_θ(ε_n) (n, K) of spec §1.3 from γ_n = ∇ log p(T(ε_n; θ)) (n, D)."""
+        """g_θ(ε_n) (n, K) of docs/mlmcvi.md#per-draw-gradient from γ_n = ∇ log p(T(ε_n; θ))
+        (n, D)."""
         theta = np.asarray(theta, dtype=float)
         d = self.dim
         if not self.fullrank:
@@ -165,7 +167,7 @@ class Coordinates:
 
 @dataclass
 class LevelStats:
-    """One level's estimate and its diagnostics (spec §2.7).
+    """One level's estimate and its diagnostics (docs/mlmcvi.md#diagnostics).
 
     mean: the level's average (K,) (G_0 at level 0, Δ̂_t at t ≥ 1); n: draws (pairs) in it;
     var_coord: the per-coordinate one-sample variances V̂_{t,i} (ddof 1; NaN when n < 2);
@@ -185,7 +187,7 @@ class LevelStats:
         return self.var / self.n
 
 
-def _stats(rows: np.ndarray, evaluated: int, redrawn: int) -> LevelStats:
+def level_stats(rows: np.ndarray, evaluated: int, redrawn: int) -> LevelStats:
     n = rows.shape[0]
     if n >= 2:
         var_coord = rows.var(axis=0, ddof=1)
@@ -198,14 +200,14 @@ def _stats(rows: np.ndarray, evaluated: int, redrawn: int) -> LevelStats:
 def model_gradients(target, z: np.ndarray, truncate: float | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(γ (n, D), ok (n,)): one batched gradient call of the target at the rows of ``z``.
-    ``truncate=B`` is Algorithm 2's projection (spec §3.1): γ is evaluated at clip(z, −B, B) and
-    its pathwise derivative is zero on the clipped coordinates.
+    ``truncate=B`` is Algorithm 2's projection (docs/mlmcvi.md#truncation): γ is evaluated at
+    clip(z, −B, B) and its pathwise derivative is zero on the clipped coordinates.
 
     A :class:`~stanvi.targets.jax_target.JaxTarget` compiles its batched gradient once per batch
     size, so its batch is padded to the power-of-two :func:`~stanvi.estimators.elbo.bucket`
-    (copies of the first row; spec §7.3, DESIGN.md "Conventions") and the counter is charged
-    for the n real rows only.  Other targets (Stan's C++ batch) are called at exactly n rows:
-    padding would cost real model evaluations."""
+    (copies of the first row; docs/mlmcvi.md#batched-calls, docs/architecture.md#conventions) and
+    the counter is charged for the n real rows only.  Other targets (Stan's C++ batch) are called
+    at exactly n rows: padding would cost real model evaluations."""
     if truncate is not None:
         inside = np.abs(z) < truncate
         z = np.clip(z, -truncate, truncate)
@@ -225,13 +227,13 @@ def model_gradients(target, z: np.ndarray, truncate: float | None = None
     return g, ok
 
 
-def _collect(evaluate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
-             draw: Callable[[int], np.ndarray], n: int, per_row: int, max_fail: float,
-             what: str) -> tuple[np.ndarray, int, int]:
+def collect_rows(evaluate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+                 draw: Callable[[int], np.ndarray], n: int, per_row: int, max_fail: float,
+                 what: str) -> tuple[np.ndarray, int, int]:
     """Rows of ``evaluate(eps) -> (rows, ok)`` for n draws, replacing the failed ones by fresh
-    draws (both evaluations of a pair: a difference needs both, spec §7.4); returns the rows, the
-    model evaluations made and those beyond the n·per_row used.  Raises GradientFailure once
-    failures exceed ``max_fail`` of n (at least one)."""
+    draws (both evaluations of a pair: a difference needs both, docs/mlmcvi.md#failed-draws);
+    returns the rows, the model evaluations made and those beyond the n·per_row used.  Raises
+    GradientFailure once failures exceed ``max_fail`` of n (at least one)."""
     kept: list[np.ndarray] = []
     have = failed = evaluated = 0
     limit = max(1, int(max_fail * n))
@@ -254,22 +256,23 @@ def _collect(evaluate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
 def plain_level(target, coords: Coordinates, theta: np.ndarray,
                 draw: Callable[[int], np.ndarray], n: int, *, truncate: float | None = None,
                 max_fail: float = 0.1) -> LevelStats:
-    """Level 0 (and the plain MC / RQMC estimator, spec §1.4, §3.3): mean_n g_θ(ε_n) over n
-    draws from ``draw(k) -> (k, D)``, one batched gradient call of n points."""
+    """Level 0 (and the plain MC / RQMC estimator, docs/mlmcvi.md#baselines): mean_n g_θ(ε_n)
+    over n draws from ``draw(k) -> (k, D)``, one batched gradient call of n points."""
 
     def evaluate(eps):
         gamma, ok = model_gradients(target, coords.sample(theta, eps), truncate)
         return coords.per_draw(theta, eps, np.where(ok[:, None], gamma, 0.0)), ok
 
-    rows, evaluated, redrawn = _collect(evaluate, draw, n, 1, max_fail, "a level-0 gradient")
-    return _stats(rows, evaluated, redrawn)
+    rows, evaluated, redrawn = collect_rows(evaluate, draw, n, 1, max_fail, "a level-0 gradient")
+    return level_stats(rows, evaluated, redrawn)
 
 
 def level_difference(target, coords: Coordinates, theta: np.ndarray, theta_prev: np.ndarray,
                      draw: Callable[[int], np.ndarray], n: int, *, truncate: float | None = None,
                      max_fail: float = 0.1) -> LevelStats:
     """Level t ≥ 1: Δ̂_t = mean_n [g_{θ_t}(ε_n) − g_{θ_{t−1}}(ε_n)] with the same fresh ε_n in
-    both terms (R1, R2); one batched gradient call of 2n points (spec §7.3)."""
+    both terms (R1, R2); one batched gradient call of 2n points
+    (docs/mlmcvi.md#batched-calls)."""
 
     def evaluate(eps):
         k = len(eps)
@@ -280,15 +283,15 @@ def level_difference(target, coords: Coordinates, theta: np.ndarray, theta_prev:
         rows = coords.per_draw(theta, eps, gamma[:k]) - coords.per_draw(theta_prev, eps, gamma[k:])
         return rows, pair_ok
 
-    rows, evaluated, redrawn = _collect(evaluate, draw, n, 2, max_fail, "a level difference")
-    return _stats(rows, evaluated, redrawn)
+    rows, evaluated, redrawn = collect_rows(evaluate, draw, n, 2, max_fail, "a level difference")
+    return level_stats(rows, evaluated, redrawn)
 
 
 class LevelVarianceSum:
-    """Acc_t = Σ_s V̂_s/N_s over the levels with N_s ≥ 2 (spec §2.7, §2.9) and its
+    """Acc_t = Σ_s V̂_s/N_s over the levels with N_s ≥ 2 (docs/mlmcvi.md#diagnostics) and its
     per-coordinate version, kept as ``acc`` / ``acc_coord`` by a multilevel gradient whose
     ``coords`` say how many parameters it has (shared by :class:`MultilevelGradient` and the
-    mixture family's :class:`stanvi.discrete.mixture_mlmc.MixtureMultilevel`)."""
+    mixture family's :class:`stanvi.estimators.mixture_mlmc.MixtureMultilevel`)."""
 
     def _accumulate(self, stats: LevelStats, reset: bool) -> None:
         if reset or self.acc_coord is None:
@@ -300,13 +303,15 @@ class LevelVarianceSum:
 
 @dataclass
 class MultilevelGradient(LevelVarianceSum):
-    """The running MLRG G_t of Lemma 1 (spec §2.2), with its diagnostics (spec §2.7).
+    """The running MLRG G_t of Lemma 1 (docs/mlmcvi.md#update-rule), with its diagnostics
+    (docs/mlmcvi.md#diagnostics).
 
     :meth:`start` sets G_0 from a plain level at θ_0; :meth:`add_level` adds Δ̂_t for (θ_t,
-    θ_{t−1}); :meth:`restart` (the [EXT] R1 variant, spec §3.2, not in the paper) replaces G by
-    a fresh plain estimate at the current θ — that level's increment is not added.  ``acc`` is
-    Acc_t = Σ_s V̂_s/N_s over the levels with N_s ≥ 2 (an unbiased estimate of E‖G_t − ∇F(θ_t)‖²
-    since the last restart; §2.7, §2.9) and ``acc_coord`` its per-coordinate version."""
+    θ_{t−1}); :meth:`restart` (the [EXT] R1 variant, docs/mlmcvi.md#extensions, not in the
+    paper) replaces G by a fresh plain estimate at the current θ — that level's increment is not
+    added.  ``acc`` is Acc_t = Σ_s V̂_s/N_s over the levels with N_s ≥ 2 (an unbiased estimate of
+    E‖G_t − ∇F(θ_t)‖² since the last restart; docs/mlmcvi.md#persisting-error) and
+    ``acc_coord`` its per-coordinate version."""
 
     target: object
     coords: Coordinates
@@ -346,11 +351,12 @@ def replicate_estimates(target, coords: Coordinates, *, theta: np.ndarray,
                         truncate: float | None = None, chunk_values: int = 20_000_000
                         ) -> tuple[np.ndarray, int]:
     """R independent replicates of this step's gradient estimate with the history held fixed
-    (spec §2.7, the paper's §5.2 variance and SNR): ``base + Δ̂`` for MLMC (``theta_prev`` and
-    ``base`` = G_{t−1} given), or the plain estimate at θ (``theta_prev`` None, ``base`` None or
-    zero).  Draws come from ``draw(n)`` per replicate; replicates are evaluated in batched calls
-    of up to ``chunk_values`` numbers.  Failed draws are dropped from their replicate's mean (no
-    redraws: a diagnostic).  Returns (reps, K) and the model gradients evaluated."""
+    (docs/mlmcvi.md#diagnostics; the paper's §5.2 variance and SNR): ``base + Δ̂`` for MLMC
+    (``theta_prev`` and ``base`` = G_{t−1} given), or the plain estimate at θ (``theta_prev``
+    None, ``base`` None or zero).  Draws come from ``draw(n)`` per replicate; replicates are
+    evaluated in batched calls of up to ``chunk_values`` numbers.  Failed draws are dropped from
+    their replicate's mean (no redraws: a diagnostic).  Returns (reps, K) and the model
+    gradients evaluated."""
     per_rep = n * coords.n_params * (1 if theta_prev is None else 2)
     group = max(1, chunk_values // max(per_rep, 1))
     out = np.empty((reps, coords.n_params))
@@ -380,7 +386,8 @@ def replicate_estimates(target, coords: Coordinates, *, theta: np.ndarray,
 
 def variance_and_snr(replicates: np.ndarray) -> dict[str, float]:
     """From replicates (R, K): the trace variance Σ_j Var_r, the paper's SNR
-    ‖mean‖₂²/√(Σ_j Var) (AMB-6, not scale invariant) and the dimensionless ‖mean‖₂/√(Σ_j Var)."""
+    ‖mean‖₂²/√(Σ_j Var) (docs/mlmcvi.md#resolutions; not scale invariant) and the dimensionless
+    ‖mean‖₂/√(Σ_j Var)."""
     var = float(np.sum(np.var(replicates, axis=0, ddof=1)))
     mean_sq = float(np.sum(np.mean(replicates, axis=0) ** 2))
     root = np.sqrt(var) if var > 0 else np.nan

@@ -1,14 +1,14 @@
 """Base draws ε for reparameterized gradients, selectable by name: plain Monte Carlo or
-randomized quasi-Monte Carlo (specs/mlmcvi.md §3.3; Buchholz, Wenzel & Mandt, *Quasi-Monte Carlo
-Variational Inference*, ICML 2018).
+randomized quasi-Monte Carlo (docs/mlmcvi.md#baselines; Buchholz, Wenzel & Mandt, *Quasi-Monte
+Carlo Variational Inference*, ICML 2018).
 
 * ``"mc"``: i.i.d. N(0, I_D) rows.
 * ``"rqmc"``: ε_n = Φ⁻¹(u_n) elementwise, u_1…u_N the first N points of a scrambled Sobol'
   sequence (``scipy.stats.qmc.Sobol(d=D, scramble=True)``), re-scrambled at every call so the
-  estimate stays unbiased; u is clipped to [1e−12, 1 − 1e−12] before Φ⁻¹ (spec §3.3).  N need not
-  be a power of two (the paper uses 100 and 50); scipy then warns that the balance properties are
-  lost, which we silence here and document: the estimate is still unbiased, its variance no
-  longer enjoys the full O(N⁻²) rate.
+  estimate stays unbiased; u is clipped to [1e−12, 1 − 1e−12] before Φ⁻¹
+  (docs/mlmcvi.md#baselines).  N need not be a power of two (the paper uses 100 and 50); scipy
+  then warns that the balance properties are lost, which we silence here and document: the
+  estimate is still unbiased, its variance no longer enjoys the full O(N⁻²) rate.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def base_draws(kind: str, rng: np.random.Generator, n: int, dim: int) -> np.ndar
 
 def rqmc_normal(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     """Φ⁻¹ of the first n points of a freshly scrambled Sobol' sequence in [0, 1)^dim
-    (spec §3.3).  Each row is marginally N(0, I) exactly, so means over rows are unbiased."""
+    (docs/mlmcvi.md#baselines).  Each row is marginally N(0, I) exactly, so means over rows are
+    unbiased."""
     # SciPy is imported here, not at module import: `import stanvi` and fits that do not
     # use RQMC import no SciPy (tests/test_coldstart.py)
     from scipy.special import ndtri  # noqa: PLC0415

@@ -17,7 +17,8 @@ import numpy as np
 from jax import lax
 
 from stanvi.errors import VIError
-from stanvi.estimators.base import ESTIMATORS, family_estimator
+from stanvi.estimators.base import family_estimator
+from stanvi.estimators.registry import ESTIMATORS
 from stanvi.estimators.elbo import ElboEstimator, GradientFailure, collect_valid, elbo_term
 from stanvi.families import FullRank, MeanField
 

@@ -1,22 +1,25 @@
 """Doubly-stochastic gradient estimators of −ELBO for subsampled targets: the shared pieces, the
 ``naive`` estimator, and the registry that picks an estimator by name
-(specs/joint_control_variate.md §1–§3; Wang, Geffner & Domke 2024).
+(docs/jointcv.md#model to docs/jointcv.md#baselines; Wang, Geffner & Domke 2024).
 
-Notation (spec §1.1): the family q_w has parameters w (for the mean-field Gaussian w = (μ, ω),
-σ = exp(ω); for the full-rank Gaussian w = (μ, L)), the reparameterization is
+Notation (docs/jointcv.md#model): the family q_w has parameters w (for the mean-field Gaussian
+w = (μ, ω), σ = exp(ω); for the full-rank Gaussian w = (μ, L)), the reparameterization is
 ``z = T_w(ε) = μ + (T_w(ε) − μ)`` with ε ~ N(0, I), and the per-sample objective is
 ``f(w; n, ε) = k_n(T_w(ε)) − H(w)`` whose expectation over a uniform term n and ε is −ELBO(w).
 Every estimator returns an unbiased estimate of ∇_w(−ELBO) (a minimizer's gradient) on a
 minibatch ``idx`` of distinct term indices and base draws ``eps``: one row (d,) shared by the
-batch (spec §1.3, the official code's default) or one row per term (b, d) (``per_datum_eps``).
+batch (docs/jointcv.md#minibatches, the official code's default) or one row per term (b, d)
+(``per_datum_eps``).
 
 The control variates act on the μ-block only; every other block (ω, or L) is always the naive
-estimator (spec §2.1: its closed-form expectation would need the Hessian diagonal).
+estimator (docs/jointcv.md#surrogate: its closed-form expectation would need the Hessian
+diagonal).
 
 Estimators keep host-side state (NumPy tables) and call the target through
 :class:`~stanvi.targets.subsampled.SubsampledTarget`, which counts every term gradient and HVP.
-The order inside :meth:`SubsampledEstimator.gradient` is the spec's (§2.3): the estimate uses the
-*old* table, then the table is updated with the *pre-step* parameters; the caller then steps.
+The order inside :meth:`SubsampledEstimator.gradient` is that of docs/jointcv.md#table: the
+estimate uses the *old* table, then the table is updated with the *pre-step* parameters; the caller
+then steps.
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ def _rows_pullback_jax(family, params_rows, eps_rows, gz):
 
 def row_gradients(family, params_rows: np.ndarray, eps_rows: np.ndarray,
                   gz: np.ndarray) -> np.ndarray:
-    """∇_w f(w_i; n_i, ε_i) per row (b, P), given gz_i = ∇k_{n_i}(T_{w_i}(ε_i)) (spec Eq. 4:
-    ``∇_μ f = ∇k_n(z)``, ``∇_ω f = ∇k_n(z) ⊙ σ ⊙ ε − 1``; for the full-rank family the
-    vector-Jacobian product of z = μ + Lε minus the entropy's gradient, by JAX)."""
+    """∇_w f(w_i; n_i, ε_i) per row (b, P), given gz_i = ∇k_{n_i}(T_{w_i}(ε_i)) (paper Eq. 4,
+    docs/jointcv.md#noise-sources: ``∇_μ f = ∇k_n(z)``, ``∇_ω f = ∇k_n(z) ⊙ σ ⊙ ε − 1``; for
+    the full-rank family the vector-Jacobian product of z = μ + Lε minus the entropy's gradient,
+    by JAX)."""
     params_rows = np.atleast_2d(params_rows)
     if isinstance(family, MeanField):
         d = family.dim
@@ -67,7 +71,8 @@ def row_gradients(family, params_rows: np.ndarray, eps_rows: np.ndarray,
 
 
 def batch_gradient(family, params: np.ndarray, eps_rows: np.ndarray, gz: np.ndarray) -> np.ndarray:
-    """The minibatch mean of :func:`row_gradients` at one w (the naive estimate, spec §1.3)."""
+    """The minibatch mean of :func:`row_gradients` at one w (the naive estimate,
+    docs/jointcv.md#minibatches)."""
     if isinstance(family, MeanField):
         d = family.dim
         sigma = np.exp(np.asarray(params)[d:])
@@ -88,8 +93,8 @@ def _eps_rows(eps: np.ndarray, b: int) -> tuple[np.ndarray, bool]:
 
 # ------------------------------------------------------------------------- estimators
 class SubsampledEstimator:
-    """Base class and the ``naive`` estimator (spec §3.1, paper Eq. 4): the minibatch mean of
-    ∇f(w; n, ε) = ∇k_n(T_w(ε)) pulled back through the reparameterization, minus ∇H(w).
+    """Base class and the ``naive`` estimator (docs/jointcv.md#naive, paper Eq. 4): the minibatch
+    mean of ∇f(w; n, ε) = ∇k_n(T_w(ε)) pulled back through the reparameterization, minus ∇H(w).
     Cost: one term gradient per term (at the shared point when ε is shared).
 
     Subclasses with a table (``uses_table``) are filled during the naive warm-up by
@@ -109,14 +114,16 @@ class SubsampledEstimator:
         """Before the first main iteration, when there was no warm-up."""
 
     def warmup_gradient(self, params: np.ndarray, idx: np.ndarray, eps: np.ndarray) -> np.ndarray:
-        """A naive estimate during the warm-up epochs (spec §2.3), recording table entries."""
+        """A naive estimate during the warm-up epochs (docs/jointcv.md#table), recording table
+        entries."""
         return SubsampledEstimator.gradient(self, params, idx, eps)
 
     def finish_warmup(self) -> None:
         """After the warm-up epochs."""
 
     def end_epoch(self) -> None:
-        """After each epoch of the main loop (floating-point resynchronization, spec §2.3)."""
+        """After each epoch of the main loop (floating-point resynchronization,
+        docs/jointcv.md#table)."""
 
     def base_gradients(self, params: np.ndarray, idx: np.ndarray, eps: np.ndarray
                        ) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -136,27 +143,3 @@ class SubsampledEstimator:
 
 
 Naive = SubsampledEstimator
-
-
-def make_estimator(name: str, target, family, **options: Any) -> SubsampledEstimator:
-    """The estimator ``name`` ('naive', 'cv', 'joint', 'inc') for (target, family); ``options``
-    are passed to its constructor (e.g. ``variant``, ``hvp_scale``, ``svrg_period``)."""
-    from stanvi.estimators.incremental import Incremental  # noqa: PLC0415
-    from stanvi.estimators.joint_cv import JointSAGA, JointSVRG  # noqa: PLC0415
-    from stanvi.estimators.taylor_cv import TaylorCV  # noqa: PLC0415
-
-    if name == "joint":
-        variant = options.pop("variant", "saga")
-        classes = {"saga": JointSAGA, "svrg": JointSVRG}
-        if variant not in classes:
-            raise ValueError(f"variant must be 'saga' or 'svrg', got {variant!r}")
-        return classes[variant](target, family, **options)
-    options.pop("variant", None)
-    registry = {"naive": Naive, "cv": TaylorCV, "inc": Incremental}
-    if name not in registry:
-        raise ValueError(f"unknown estimator {name!r}; choose one of {sorted([*registry, 'joint'])}")
-    return registry[name](target, family, **options)
-
-
-SUBSAMPLED_ESTIMATORS = ("naive", "cv", "joint", "inc")
-"""The names :func:`make_estimator` accepts (``joint`` with ``variant='saga'|'svrg'``)."""

@@ -1,5 +1,5 @@
 """The ``cv`` estimator: the MC-only Taylor control variate of Miller et al. (2017), per datum at
-the *current* w (specs/joint_control_variate.md §3.2; Wang, Geffner & Domke 2024, Eq. 9).
+the *current* w (docs/jointcv.md#cv; Wang, Geffner & Domke 2024, Eq. 9).
 
 On the μ-block the closed-form expectation ``∇k_n(μ)`` cancels, leaving
 
@@ -17,7 +17,7 @@ from stanvi.estimators.subsampled import SubsampledEstimator, batch_gradient, no
 
 
 class TaylorCV(SubsampledEstimator):
-    """``cv`` (spec §3.2)."""
+    """``cv`` (docs/jointcv.md#cv)."""
 
     name = "cv"
 

@@ -24,7 +24,7 @@ import numpy as np
 from stanvi.families.host_math import FullRankHostMath, MeanFieldHostMath
 from stanvi.families.protocol import GaussianDefaults
 
-_LOG_2PI = math.log(2.0 * math.pi)
+LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,13 @@ class MeanField(MeanFieldHostMath, GaussianDefaults):
     def entropy(self, params: jax.Array) -> jax.Array:
         """H(q) = D/2 (1 + log 2π) + Σ ω (docs/algorithms.md#meanfield)."""
         _, omega = self.split(params)
-        return 0.5 * self.dim * (1.0 + _LOG_2PI) + jnp.sum(omega)
+        return 0.5 * self.dim * (1.0 + LOG_2PI) + jnp.sum(omega)
 
     def log_q(self, params: jax.Array, z: jax.Array) -> jax.Array:
         """log q(z) for each row of z (n, D), normalized."""
         mu, omega = self.split(params)
         e = (z - mu) * jnp.exp(-omega)
-        return -0.5 * jnp.sum(e * e, axis=-1) - jnp.sum(omega) - 0.5 * self.dim * _LOG_2PI
+        return -0.5 * jnp.sum(e * e, axis=-1) - jnp.sum(omega) - 0.5 * self.dim * LOG_2PI
 
     def mean(self, params: jax.Array) -> jax.Array:
         return self.split(params)[0]
@@ -127,7 +127,7 @@ class FullRank(FullRankHostMath, GaussianDefaults):
         program from ``iota`` (no D²-sized index constants baked into compiled programs: at
         D = 2,000 two int64 index arrays of D(D+1)/2 entries are 32 MB and slow XLA's
         compilation, issue 17 item 6)."""
-        i, j, lower = _tril_grid(self.dim)
+        i, j, lower = tril_grid(self.dim)
         vech = params[self.dim:]
         raw = jnp.where(lower, vech[jnp.where(lower, i * (i + 1) // 2 + j, 0)], 0.0)
         if self.diagonal == "log":
@@ -151,14 +151,14 @@ class FullRank(FullRankHostMath, GaussianDefaults):
 
     def entropy(self, params: jax.Array) -> jax.Array:
         """H(q) = D/2 (1 + log 2π) + Σ log|L_dd| (docs/algorithms.md#fullrank)."""
-        return 0.5 * self.dim * (1.0 + _LOG_2PI) + jnp.sum(self._log_abs_diag(params))
+        return 0.5 * self.dim * (1.0 + LOG_2PI) + jnp.sum(self._log_abs_diag(params))
 
     def log_q(self, params: jax.Array, z: jax.Array) -> jax.Array:
         L = self.cholesky(params)
         diff = (z - params[: self.dim]).T
         e = jax.scipy.linalg.solve_triangular(L, diff, lower=True).T
         return (-0.5 * jnp.sum(e * e, axis=-1) - jnp.sum(self._log_abs_diag(params))
-                - 0.5 * self.dim * _LOG_2PI)
+                - 0.5 * self.dim * LOG_2PI)
 
     def mean(self, params: jax.Array) -> jax.Array:
         return params[: self.dim]
@@ -233,7 +233,7 @@ class FullRank(FullRankHostMath, GaussianDefaults):
         return np.concatenate([1.0 / sd, tri])
 
 
-def _tril_grid(dim: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def tril_grid(dim: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Row and column index grids (D, D) and the lower-triangle mask, from ``iota``."""
     i = jax.lax.broadcasted_iota(jnp.int64, (dim, dim), 0)
     j = jax.lax.broadcasted_iota(jnp.int64, (dim, dim), 1)

@@ -1,5 +1,5 @@
-"""A Gaussian-mixture variational family in the unconstrained space (spec
-``rao_blackwellized_discrete.md`` §5a; Liu et al. 2019 for the gradient of its weights):
+"""A Gaussian-mixture variational family in the unconstrained space
+(docs/discrete.md#mixture-estimator; Liu et al. 2019 for the gradient of its weights):
 
     q_λ(θ) = Σ_{c=1}^C w_c N(θ; m_c, L_c L_cᵀ),    w = softmax(α).
 
@@ -18,7 +18,7 @@ base draws of shape (n, D).  (Floating point: u' has resolution about 1e-16/w_c,
 component of weight 1e-8 the first coordinate's tails are cut near 5.6 sd; for weights above
 1e-3, beyond 7 sd.)  This map is piecewise in α, so autodiff through it does not give the
 gradient for the weights: that gradient is the Rao-Blackwellized estimator of
-:mod:`stanvi.discrete.mixture_elbo`.
+:mod:`stanvi.estimators.mixture_rb`.
 
 The entropy of a mixture has no closed form; the family has no ``entropy`` method, and its ELBO
 is ``E_q[log p − log q]`` with ``log q`` the log-sum-exp over all components.
@@ -36,10 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import ndtr, ndtri
 
-from stanvi.families.gaussian import _LOG_2PI, _tril_grid
+from stanvi.families.gaussian import LOG_2PI, tril_grid
 
-EXACT_MAX_COMPONENTS = 4   # "auto" budget: every component evaluated up to this many (spec §5a Limits)
-AUTO_BUDGET = 4            # ... and a Prop. 2 budget of this many components beyond
+# "auto" budget: every component is evaluated up to this many (docs/discrete.md#mixture-limits)
+EXACT_MAX_COMPONENTS = 4
+AUTO_BUDGET = 4   # beyond EXACT_MAX_COMPONENTS: a Prop. 2 budget of this many components
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,7 @@ class GaussianMixture:
     Attributes:
         dim: D, the unconstrained dimension.
         n_components: C ≥ 1.
-        covariance_type: 'diag' (default) or 'full' per component (sklearn's name; the
-            spec's ``covariance``).
+        covariance_type: 'diag' (default) or 'full' per component (sklearn's name).
         samples_per_component: S, draws per evaluated component per gradient; None: the method's
             own draw count (ADVI's ``grad_samples``).
         component_budget: components evaluated per gradient step: None = every component
@@ -61,8 +61,9 @@ class GaussianMixture:
         rb_k: the summed count for ``budget_rule='fixed'`` (0 ≤ rb_k < M).
         mass_tol: the remainder-mass target of ``budget_rule='mass'``.
         init_spread: component means start at μ₀ ± init_spread·u_j (u_j fixed unit-variance
-            directions, component pairs mirrored), so components begin apart (spec §5a
-            Limits: mixture VI needs an initialization that breaks the symmetry).
+            directions, component pairs mirrored), so components begin apart
+            (docs/discrete.md#mixture-limits: mixture VI needs an initialization that breaks
+            the symmetry).
     """
 
     dim: int
@@ -78,7 +79,7 @@ class GaussianMixture:
 
     # the family protocol (stanvi.families.protocol): the reparameterization gradient does not
     # reach the weights (the component choice is discrete), so the family names its own
-    # estimator, the Rao-Blackwellized one of stanvi.discrete.mixture_elbo
+    # estimator, the Rao-Blackwellized one of stanvi.estimators.mixture_rb
     gradient_estimator: ClassVar[str | None] = "mixture_rb"
 
     def __post_init__(self) -> None:
@@ -93,7 +94,7 @@ class GaussianMixture:
                              f"{self.samples_per_component!r}")
         b = self.component_budget
         if not (b is None or b == "auto" or (isinstance(b, (int, np.integer))
-                                              and not isinstance(b, bool) and b >= 1)):
+                                             and not isinstance(b, bool) and b >= 1)):
             raise ValueError(f"component_budget must be None, 'auto' or a positive integer, "
                              f"got {b!r}")
         if self.budget_rule not in ("prop2", "mass", "fixed"):
@@ -133,7 +134,7 @@ class GaussianMixture:
     def log_g_offset(self, params) -> float:
         """D/2 log 2π: Stan's ``log_g__`` is log q without the N(0, I) constant (there is no
         single ε per draw to take −½‖ε‖² of)."""
-        return 0.5 * self.dim * _LOG_2PI
+        return 0.5 * self.dim * LOG_2PI
 
     def family_options(self) -> dict[str, Any]:
         """Every setting but ``dim`` and ``name`` (n_components, covariance_type, ...), so a
@@ -185,7 +186,7 @@ class GaussianMixture:
         m = theta[:d]
         if self.covariance_type == "diag":
             return m, jnp.exp(theta[d:]), jnp.sum(theta[d:])
-        i, j, lower = _tril_grid(d)
+        i, j, lower = tril_grid(d)
         vech = theta[d:]
         raw = jnp.where(lower, vech[jnp.where(lower, i * (i + 1) // 2 + j, 0)], 0.0)
         L = jnp.where(i == j, jnp.exp(raw), raw)
@@ -250,7 +251,7 @@ class GaussianMixture:
                 e = (z - m) / L
             else:
                 e = jax.scipy.linalg.solve_triangular(L, (z - m).T, lower=True).T
-            return -0.5 * jnp.sum(e * e, axis=-1) - log_det - 0.5 * self.dim * _LOG_2PI
+            return -0.5 * jnp.sum(e * e, axis=-1) - log_det - 0.5 * self.dim * LOG_2PI
 
         return jax.vmap(one, out_axes=1)(comps)
 

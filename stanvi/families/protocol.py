@@ -1,11 +1,11 @@
 """What a variational family tells the estimators and methods about itself, so that no method or
-estimator tests a family's name (DESIGN.md, "Layers": the family owns sampling, log q, entropy,
+estimator tests a family's name (docs/architecture.md#layers: the family owns sampling, log q, entropy,
 parameter packing and initialization).
 
 Besides ``dim``, ``name``, ``n_params``, ``initial_params``, ``sample``, ``log_q`` and the
 NumPy moments (``mean``, ``covariance``, ``marginal_sd``), a family answers:
 
-* ``gradient_estimator``: the name (in :data:`stanvi.estimators.base.ESTIMATORS`) of the ELBO
+* ``gradient_estimator``: the name (in :data:`stanvi.estimators.registry.ESTIMATORS`) of the ELBO
   estimator the family needs in place of the method's, or None when the method's own
   (the reparameterization gradient) is valid for it.  The estimator so named may carry a
   ``calc_grad(family, log_density, n)`` builder with the signature of

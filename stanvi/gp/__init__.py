@@ -1,8 +1,7 @@
-"""Quadruply stochastic Gaussian processes (Evans & Nair 2020; spec
-``quadruply_stochastic_gp.md``): basis-function GP models — random Fourier features, inducing
-points at the training inputs, the relevance vector machine — with Gaussian, Laplace and logistic
-likelihoods, mean-field / chevron / full covariance factors, and the QSGP estimator whose
-per-step cost does not depend on n or m.
+"""Quadruply stochastic Gaussian processes (Evans & Nair 2020; docs/gp.md#model):
+basis-function GP models — random Fourier features, inducing points at the training inputs, the
+relevance vector machine — with Gaussian, Laplace and logistic likelihoods, mean-field / chevron
+/ full covariance factors, and the QSGP estimator whose per-step cost does not depend on n or m.
 
 ``stanvi.fit(model, method="qsgp")`` fits a :class:`BasisGP`; ``method="exact"`` gives the
 closed-form posterior (Gaussian likelihood, small m) and ``method="svi"`` the O(m)-per-step

@@ -1,5 +1,5 @@
 """Basis families (kernel approximations) of the weight-space model f(x) = Σ_i w_i φ_i(x),
-w ~ N(0, S⁻¹) (spec ``quadruply_stochastic_gp.md`` §1.2 and §8 "Protocols").
+w ~ N(0, S⁻¹) (docs/gp.md#bases and docs/gp.md#basis-protocol).
 
 A basis evaluates any block of Φ (rows = inputs, columns = basis indices) and of the prior
 precision S at a cost that depends only on the block's size, never on n or m: that is what lets
@@ -27,10 +27,10 @@ from stanvi.gp.kernels import SquaredExponential
 
 @dataclass(frozen=True)
 class RandomFourierFeatures:
-    """Random Fourier features for the SE kernel (spec §1.2, A12):
+    """Random Fourier features for the SE kernel (docs/gp.md#bases, stanvi's scaling):
     φ_i(x) = √(2/m) cos(ω_iᵀx + b_i), ω_i = ε_i/ℓ, ε_i ~ N(0, I_d), b_i ~ U[0, 2π), S = I/s_f².
 
-    ε_i and b_i are regenerated from ``seed`` by ``fold_in(key, i)`` (spec §1.2, §3 item 3), so
+    ε_i and b_i are regenerated from ``seed`` by ``fold_in(key, i)`` (docs/gp.md#jax-rules), so
     m = 10⁷ features need no m × d array.  Hyperparameters (ℓ, s_f²) are learnable.
     """
 
@@ -93,7 +93,7 @@ class RandomFourierFeatures:
 
     def init_diag_sd(self, n: int, noise_var: float, theta: dict, arrays: dict,
                      X: np.ndarray) -> jax.Array:
-        """Prop 1 initial c_rr with ‖φ_r‖² ≈ n/m (spec §2.2, RFF scaling): same for all r."""
+        """Prop 1 initial c_rr with ‖φ_r‖² ≈ n/m (docs/gp.md#diag-init): same for all r."""
         s = float(np.exp(-np.asarray(theta["log_sf2"])))
         return jnp.full((self.m,), (n / (self.m * noise_var) + s) ** -0.5)
 
@@ -129,7 +129,7 @@ class _KernelColumns:
 
     def _init_norms(self, n: int, arrays: dict, X: np.ndarray, theta: dict,
                     rows: int = 1000, chunk: int = 4096) -> np.ndarray:
-        """‖φ_r‖² estimated from one batch of ``rows`` random rows (spec §2.2 Prop 1 (a))."""
+        """‖φ_r‖² estimated from one batch of ``rows`` random rows (docs/gp.md#diag-init)."""
         rng = np.random.default_rng(0)
         idx = rng.integers(0, n, size=min(rows, n)) if n > rows else np.arange(n)
         Xb = jnp.asarray(np.asarray(X)[idx])
@@ -146,8 +146,8 @@ class _KernelColumns:
 @dataclass(frozen=True)
 class InducingPoints(_KernelColumns):
     """Inducing points at Z (default Z = X, m = n): Φ = K(X, Z), S = K(Z, Z) + jitter·s_f²·I
-    (spec §1.2, Table 3).  Dense S; hyperparameters are fixed (spec: no empirical Bayes).
-    With Z = X the prior of f is the exact GP prior."""
+    (docs/gp.md#bases; the paper's Table 3).  Dense S; hyperparameters are fixed (no empirical
+    Bayes).  With Z = X the prior of f is the exact GP prior."""
 
     jitter: float = 1e-6
     name: str = "inducing"
@@ -184,9 +184,10 @@ class InducingPoints(_KernelColumns):
 
 @dataclass(frozen=True)
 class RVM(_KernelColumns):
-    """Relevance vector machine (QSRVM, spec §1.2): Φ = K(X, Z) (Z = X by default), S = diag(s)
-    with one learned precision s_i > 0 per basis function (stored as log s_i, given sparse
-    AdaGrad updates: spec §3 item 6).  Relevance vectors are the bases with s_i < 1e4 (§4)."""
+    """Relevance vector machine (QSRVM, docs/gp.md#bases): Φ = K(X, Z) (Z = X by default),
+    S = diag(s) with one learned precision s_i > 0 per basis function (stored as log s_i, given
+    sparse AdaGrad updates: docs/gp.md#jax-rules).  Relevance vectors are the bases with
+    s_i < 1e4 (docs/gp.md#prediction)."""
 
     s0: float = 1.0
     name: str = "rvm"

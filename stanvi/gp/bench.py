@@ -1,4 +1,4 @@
-"""``stanvi bench qsgp``: the QSGP figures of issue 14 (spec §6.4 "simulated benchmark").
+"""``stanvi bench qsgp``: the QSGP figures of issue 14 (docs/gp.md#measured).
 
 * ``steps``: median wall time per QSGP step (mean-field, Gaussian, n~ = 100, m~ = 1000,
   n_bar = 100) for n in {10⁴, 10⁵, 10⁶} and m in {10⁴, 10⁵, 10⁶, 10⁷}, after 20 warm-up steps,
@@ -8,16 +8,17 @@
   (classification) on simulated sets sized like the paper's (n = 40,000 like kin40k, 60,000
   like MNIST), QSGP-0 and QSGP-10 against the svi baseline at the same number of steps and an
   exact posterior on fewer features.
-* ``small``: the spec's own small accuracy check (§6.4), against its prototype's figures.
+* ``small``: the small accuracy check (docs/gp.md#small-check), against a design prototype's
+  figures.
 * ``walltime``: QSGP-0 against svi at step counts that take about the same time (m = 10⁴, 10⁵).
 * ``rvm``: relevance vectors of QSRVM on sinc against full-batch EM / MacKay references.
 * ``cv``: variance of the ELBO estimate and of its gradient with the data-Gram control variate
   for n_bar in {0, 50, 100, 300, 500} (the paper's kin40k study: m = 10⁴ RFF, μ from the
   prior, m~ = n~ = 500, 1000 evaluations each).
 
-Data (spec §6.4): x ~ U[−1, 1]^4; f a GP sample drawn through a 10⁴-feature RFF with another
-seed (SE kernel, ℓ = 0.5, s_f = 1); y = f + N(0, 0.1²), or Laplace(b = 0.1) noise, or
-y ~ Bernoulli(σ(3f)).
+Data (docs/gp.md#simulated-data): x ~ U[−1, 1]^4; f a GP sample drawn through a 10⁴-feature
+RFF with another seed (SE kernel, ℓ = 0.5, s_f = 1); y = f + N(0, 0.1²), or Laplace(b = 0.1)
+noise, or y ~ Bernoulli(σ(3f)).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ D = 4
 
 def simulate(n: int, kind: str = "gaussian", seed: int = 0, truth_seed: int = 12345,
              truth_m: int = 10_000, d: int = D):
-    """(X, y, f) of spec §6.4; kind 'gaussian', 'laplace' or 'classification'
-    (``truth_m`` features for the true f: 10⁴ in the spec; the timing grid uses fewer, its
+    """(X, y, f) of docs/gp.md#simulated-data; kind 'gaussian', 'laplace' or 'classification'
+    (``truth_m`` features for the true f: 10⁴ by default; the timing grid uses fewer, its
     data content does not matter)."""
     rng = np.random.default_rng(seed)
     X = rng.uniform(-1.0, 1.0, (n, d))
@@ -186,7 +187,7 @@ def bench_accuracy(steps: int = 3000, m: int = 10_000, nt: int = 200, mt: int = 
 
 
 def bench_small(steps: int = 20_000) -> dict:
-    """The spec's own small accuracy check (§6.4, "Accuracy check"), to compare with its
+    """The small accuracy check (docs/gp.md#small-check), to compare with a design
     prototype's figures: n = 5000, m = 500 RFF, d = 2, σ = 0.1, m~ = n~ = 100, ``steps``
     AdaGrad steps at a constant lr 0.1, hyperparameters fixed; with the control variate
     (n̄ = 500) and without.  Reports the test RMSE against f, and the relative error of the
@@ -252,7 +253,7 @@ def sinc_data(n: int = 500, seed: int = 0):
 
 
 def bench_rvm(steps: int = 40_000, lengthscale: float = 2.0, em_iters=(100, 300, 1000)) -> dict:
-    """Spec §7 test 11: relevance vectors (s_i < 10⁴) of QSRVM on sinc (n = m = 500; the
+    """Relevance vectors (s_i < 10⁴) of QSRVM on sinc (docs/gp.md#rvm-pruning; n = m = 500; the
     paper's 13), with the paper's settings (Chevron(10), m~ = 250, n~ = 100, n̄ = 250), beside
     two full-batch references on the exact Gaussian posterior: the EM update
     s_i <- 1/(μ_i² + Σ_ii) (the fixed point QSGP's gradient ascent in s seeks) and MacKay's
@@ -361,7 +362,7 @@ def run(parts=("steps", "accuracy", "cv", "small"), *, steps: int = 3000, output
             print(f"  the same with the model's lengthscale {ell} (500 evaluations)")
             out[f"cv_lengthscale_{ell}"] = bench_cv(nbars=(0, 300), evals=500, lengthscale=ell)
     if "small" in parts:
-        print("the spec's small accuracy check (§6.4: n = 5000, m = 500, d = 2, m~ = n~ = 100, "
+        print("the small accuracy check (n = 5000, m = 500, d = 2, m~ = n~ = 100, "
               "2·10⁴ steps at lr 0.1)")
         out["small"] = bench_small()
     if "walltime" in parts:
@@ -371,7 +372,7 @@ def run(parts=("steps", "accuracy", "cv", "small"), *, steps: int = 3000, output
         print("QSRVM on sinc (n = m = 500; the paper: 13 relevance vectors)")
         out["rvm"] = bench_rvm()
     if "accuracy" in parts:
-        print(f"accuracy (simulated, spec §6.4; m = 10⁴, {steps} steps, n~ = 200, m~ = 500)")
+        print(f"accuracy (simulated; m = 10⁴, {steps} steps, n~ = 200, m~ = 500)")
         out["accuracy"] = bench_accuracy(steps=steps)
     if output:
         with open(output, "w") as fh:

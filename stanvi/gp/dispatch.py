@@ -1,4 +1,4 @@
-"""``stanvi.fit`` for GP models (spec §8 "Dispatch"): ``stanvi.fit(gp_model, method=...)`` with
+"""``stanvi.fit`` for GP models (docs/gp.md#methods): ``stanvi.fit(gp_model, method=...)`` with
 method 'qsgp' (this package's method), 'exact' (closed-form conjugate posterior, small m) or
 'svi' (the doubly-stochastic O(m) baseline).  Called by :func:`stanvi.fit.fit`, which imports
 this module only for a GP model or one of these method names."""
@@ -12,7 +12,7 @@ from stanvi.methods import GP_METHODS
 
 
 class MethodNotApplicable(VIError, ValueError):
-    """The method cannot be applied to this kind of model (spec §8 "Stan models")."""
+    """The method cannot be applied to this kind of model (docs/gp.md#stan-models)."""
 
 
 def is_gp_model(model) -> bool:

@@ -1,26 +1,28 @@
-"""The QSGP objective on gathered slices (spec §2.2–§2.6): an unbiased estimate of −ELBO for
-the Gaussian likelihood and an estimate of −(a lower bound on the ELBO) for other log-concave
-likelihoods, at a cost independent of n and m.
+"""The QSGP objective on gathered slices (docs/gp.md#objective): an unbiased estimate of −ELBO
+for the Gaussian likelihood and an estimate of −(a lower bound on the ELBO) for other
+log-concave likelihoods, at a cost independent of n and m.
 
-One step draws four independent index vectors, iid uniform with replacement (spec §1.5, A3):
-``l~`` (n~ data rows), ``i~`` and ``j~`` (m~ basis columns each: the two factors of every
-quadratic form) and ``r~`` (m~_r diagonal columns of C, from {k..m−1}).  Every m-sized parameter
-vector is gathered once at ``W = unique(i~ ∪ j~ ∪ r~ ∪ {0..k−1})`` (padded with the index m), and
-the objective is a function of those slices only: its gradient is supported on W, so the update
-touches O(m~ + k) entries (spec §3 "JAX requirements" 2).
+One step draws four independent index vectors, iid uniform with replacement
+(docs/gp.md#sampling): ``l~`` (n~ data rows), ``i~`` and ``j~`` (m~ basis columns each: the two
+factors of every quadratic form) and ``r~`` (m~_r diagonal columns of C, from {k..m−1}).  Every
+m-sized parameter vector is gathered once at ``W = unique(i~ ∪ j~ ∪ r~ ∪ {0..k−1})`` (padded
+with the index m), and the objective is a function of those slices only: its gradient is
+supported on W, so the update touches O(m~ + k) entries (docs/gp.md#jax-rules).
 
-Terms (all scale factors Python floats, spec §3 item 5; n, m, n~, m~ written n, m, nt, mt):
+Terms (all scale factors Python floats, docs/gp.md#jax-rules; n~, m~ written nt, mt):
 
 * Thm 1: L^_μ = −(2nm/(σ² nt mt)) y_lᵀ P_i μ_i + (n m²/(σ² nt mt²)) (P_j μ_j)ᵀ(P_i μ_i) + Ŝ(μ)
   with Ŝ(u) = (m²/mt²) u_jᵀ S_ji u_i for dense S, and the sparsity-aware form
-  (m/(2mt)) [Σ_i s_i u_i² + Σ_j s_j u_j²] for diagonal S (spec §2.2).
+  (m/(2mt)) [Σ_i s_i u_i² + Σ_j s_j u_j²] for diagonal S (docs/gp.md#unbiased).
 * Thm 2 / chevron: every dense column r < k with the Thm 2 inner estimator (all k every step,
-  A8), diagonal columns by ((m−k)/m~_r) Σ_{r~} [c_rr² ((n/(σ² nt)) Σ_l Φ_lr² + s_rr) − 2 log c_rr].
+  docs/gp.md#families), diagonal columns by
+  ((m−k)/m~_r) Σ_{r~} [c_rr² ((n/(σ² nt)) Σ_l Φ_lr² + s_rr) − 2 log c_rr].
 * Prop 2 / L_const: −log|S| (closed form for RFF, (m/mt) Σ_{i~} log s_i for the RVM, a
   precomputed constant for inducing points), −m + n log 2πσ² + (n/(σ² nt)) ‖y_l‖².
-* Data-Gram control variate (§2.5, Eq. 3) for L^_μ and every dense column, with the App. F.1
-  rescaled sparse gradient of its expectation term (|U| = distinct real indices, A5 [review]).
-* Non-Gaussian: the corrected bound of §2.4, LB^ = (n/nt) Σ_l F_l(â_l, ŝ_l) with
+* Data-Gram control variate (docs/gp.md#control-variates, Eq. 3) for L^_μ and every dense
+  column, with the App. F.1 rescaled sparse gradient of its expectation term (|U| = distinct
+  real indices).
+* Non-Gaussian: the corrected bound of docs/gp.md#lower-bound, LB^ = (n/nt) Σ_l F_l(â_l, ŝ_l) with
   â_l = (m/mt) φ_{l,i~} μ_i~, ŝ_l = ‖x̂_l‖ for an unbiased sparse estimate x̂_l of Cᵀφ_lᵀ
   (repeated diagonal indices summed before squaring), minus the unbiased KL^.
 """
@@ -82,7 +84,7 @@ class Batch(NamedTuple):
     pr: jax.Array       # positions of r~
     pk: jax.Array       # positions of 0..k-1
     in_u: jax.Array     # (width,) 1 where W's entry is in U = unique(i~ ∪ j~), else 0
-    n_u: jax.Array      # |U|, the number of distinct real indices in i~ ∪ j~ (A5 [review])
+    n_u: jax.Array      # |U|, the number of distinct real indices in i~ ∪ j~ (not padded)
     Phi0: jax.Array     # (nbar, width) Φ0[p, W] at the initial θ, padded columns zero
     a_mu: jax.Array     # (nbar,) = Φ0[p, :] μ
     A: jax.Array        # (nbar, k) = Φ0[p, :] C[:, :k]
@@ -92,7 +94,8 @@ class Batch(NamedTuple):
 
 
 def draw_indices(key: jax.Array, sz: Sizes):
-    """(l~, i~, j~, r~): iid uniform with replacement, mutually independent (spec §1.5)."""
+    """(l~, i~, j~, r~): iid uniform with replacement, mutually independent
+    (docs/gp.md#sampling)."""
     k1, k2, k3, k4 = jax.random.split(key, 4)
     l = jax.random.randint(k1, (sz.nt,), 0, sz.n)
     i = jax.random.randint(k2, (sz.mt,), 0, sz.m)
@@ -178,7 +181,7 @@ def objective(model, sz: Sizes, sl: Slices, theta: dict, b: Batch, arrays: dict,
         cB = n * m * m / (nt * mt * mt)
         Pmi = Pi @ mu_i
         L_mu = (-cA * (b.yl @ Pmi) + cB * (Pj @ mu_j) @ Pmi) / v + s_quad(mu_i[:, None],
-                                                                      mu_j[:, None])
+                                                                          mu_j[:, None])
         L_sig = 0.0
         if k:
             L_sig = L_sig + cB * jnp.sum((Pi @ Ci) * (Pj @ Cj)) / v + s_quad(Ci, Cj) \
@@ -194,7 +197,7 @@ def objective(model, sz: Sizes, sl: Slices, theta: dict, b: Batch, arrays: dict,
                          n * m * m / (nbar * mt * mt), n / nbar, m) / v
         return 0.5 * (L_mu + L_sig + L_const + cv + nys_cv)
 
-    # ---- corrected lower bound for log-concave likelihoods (spec §2.4)
+    # ---- corrected lower bound for log-concave likelihoods (docs/gp.md#lower-bound)
     scale = m / mt
     a_hat = scale * (Pi @ mu_i)
     x2 = jnp.zeros_like(a_hat)
@@ -217,11 +220,12 @@ def objective(model, sz: Sizes, sl: Slices, theta: dict, b: Batch, arrays: dict,
 def gram_cv(P: jax.Array, a: jax.Array, A: jax.Array, b: Batch, mu_W: jax.Array,
             Cw: jax.Array | None, c_pair: float, c_exp: float, m: float) -> jax.Array:
     """A mean-zero control variate for the quadratic forms uᵀ(PᵀP)u, u = μ and every dense
-    column of C, with P = P[:, W] a fixed low-rank factor gathered at W (spec §2.5):
+    column of C, with P = P[:, W] a fixed low-rank factor gathered at W
+    (docs/gp.md#control-variates):
     −c_pair (P_j u_j)ᵀ(P_i u_i) + c_exp ‖P u‖², where ``a`` = P μ and ``A`` = P C[:, :k] are
     kept up to date incrementally (Prop 3), so E[first term] = second term whenever
     c_pair = c_exp (m/m~)².  The expectation term's gradient is the dense one on
-    U = unique(i~ ∪ j~) rescaled by m/|U| (App. F.1; |U| counts distinct real indices, A5)."""
+    U = unique(i~ ∪ j~) rescaled by m/|U| (App. F.1; |U| counts distinct real indices)."""
     Pi, Pj = P[:, b.pi], P[:, b.pj]
     PU = P * b.in_u[None, :]
     resc = m / b.n_u

@@ -1,5 +1,5 @@
 """``method="exact"``: the closed-form conjugate posterior of the weights for a Gaussian
-likelihood and small m (spec §8 "Dispatch", the test oracle):
+likelihood and small m (docs/gp.md#methods, the test oracle):
 Σ = (ΦᵀΦ/σ² + S)⁻¹, μ = Σ Φᵀy/σ²; the ELBO of q = N(μ, Σ) is the log evidence.
 Cost O(n m² + m³) (Φ accumulated in row chunks, so n may be large)."""
 

@@ -1,16 +1,16 @@
-"""Variational families q(w) = N(μ, C Cᵀ) for the GP weights (spec §1.4).
+"""Variational families q(w) = N(μ, C Cᵀ) for the GP weights (docs/gp.md#families).
 
 C is lower triangular with a positive diagonal, stored as ``ld = log c_rr`` (m,) plus the strict
 lower triangle of its first k columns, ``L`` (m, k); only entries ``L[i, r]`` with ``i > r`` are
 used (the others are masked).  Column r of C is ``L[:, r]·1[i > r] + c_rr e_r`` for r < k and
 ``c_rr e_r`` for r >= k.
 
-* :class:`MeanField`: k = 0 (C diagonal), the default (spec §5).
+* :class:`MeanField`: k = 0 (C diagonal), the default (docs/gp.md#options).
 * :class:`Chevron` (k): "QSGP-k", columns 1..k dense lower-triangular, the rest diagonal.  The
-  first k basis functions get full posterior correlation with all others (A8).
+  first k basis functions get full posterior correlation with all others (docs/gp.md#families).
 * :class:`FullCholesky`: k = m, O(m²) parameters; small m only (tests, reference).  QSGP
   evaluates all of its columns every step (the Thm 2 inner estimator per column, summed exactly
-  over r), which is unbiased; the spec's r~-subsampled Thm 2 is not used.
+  over r), which is unbiased; the paper's r~-subsampled Thm 2 is not used.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class MeanField:
 
 @dataclass(frozen=True)
 class Chevron:
-    """Chevron(k) ("QSGP-k", spec §1.4): k dense lower-triangular columns, the rest diagonal."""
+    """Chevron(k) ("QSGP-k", docs/gp.md#families): k dense lower-triangular columns, the rest
+    diagonal."""
 
     k: int = 100
 

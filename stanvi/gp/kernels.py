@@ -1,5 +1,4 @@
-"""Kernels for the basis-function GP models of :mod:`stanvi.gp` (spec
-``quadruply_stochastic_gp.md`` §1.2).
+"""Kernels for the basis-function GP models of :mod:`stanvi.gp` (docs/gp.md#bases).
 
 Hyperparameters live in a dict ``theta`` of JAX arrays in log space (``log_ell``, ``log_sf2``),
 so that they can be learned by empirical Bayes (type-II maximum likelihood) with unconstrained

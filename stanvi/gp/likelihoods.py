@@ -1,13 +1,16 @@
-"""Likelihoods of the basis-function GP models (spec §1.3, §2.4, §4).
+"""Likelihoods of the basis-function GP models (docs/gp.md#likelihoods,
+docs/gp.md#site-functions, docs/gp.md#prediction).
 
 Each likelihood gives, for a datum y and the Gaussian marginal f ~ N(a, s²) of the latent value
-under q (s a *standard deviation*, spec §2.4 A1):
+under q (s a *standard deviation*, not the paper's variance: docs/gp.md#lower-bound):
 
 * ``expected_log_site(y, a, s, theta)``: F(a, s) = E[log g(y | a + s z)], z ~ N(0, 1);
-* ``log_predictive(y, mean, var_f, theta)``: log p(y* | x*) = log E[g(y* | f)] (spec §4);
+* ``log_predictive(y, mean, var_f, theta)``: log p(y* | x*) = log E[g(y* | f)]
+  (docs/gp.md#prediction);
 
 both elementwise.  Only log-concave likelihoods can be used by QSGP: the stochastic lower bound
-of §2.4 rests on the concavity of F; :class:`StudentT` exists to be refused with that reason.
+(docs/gp.md#lower-bound) rests on the concavity of F; :class:`StudentT` exists to be refused
+with that reason.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class Gaussian:
         return float(np.exp(np.asarray(theta["log_noise"])))
 
     def expected_log_site(self, y, a, s, theta):
-        """−½ log(2πσ²) − ((y − a)² + s²)/(2σ²) (spec §2.4)."""
+        """−½ log(2πσ²) − ((y − a)² + s²)/(2σ²) (docs/gp.md#site-functions)."""
         v = self.noise_var(theta)
         return -0.5 * (_LOG_2PI + jnp.log(v)) - ((y - a) ** 2 + s * s) / (2.0 * v)
 
@@ -94,7 +97,8 @@ class Laplace:
         return float(np.exp(2.0 * np.asarray(theta["log_b"])))
 
     def expected_log_site(self, y, a, s, theta):
-        """−log(2b) − [s√(2/π) e^{−δ²/(2s²)} + δ erf(δ/(s√2))]/b, δ = y − a (spec §2.4)."""
+        """−log(2b) − [s√(2/π) e^{−δ²/(2s²)} + δ erf(δ/(s√2))]/b, δ = y − a
+        (docs/gp.md#site-functions)."""
         b = jnp.exp(theta["log_b"])
         s = jnp.maximum(s, 1e-12)
         d = y - a
@@ -104,7 +108,7 @@ class Laplace:
 
     def log_predictive(self, y, mean, var_f, theta):
         """log p(y*) = v/(2b²) − log 4b + log[e^{−δ/b} erfc((v/b − δ)/√(2v)) + e^{δ/b}
-        erfc((v/b + δ)/√(2v))], in log space with log_ndtr (spec §4)."""
+        erfc((v/b + δ)/√(2v))], in log space with log_ndtr (docs/gp.md#prediction)."""
         b = jnp.exp(theta["log_b"])
         v = jnp.maximum(var_f, 1e-300)
         sd = jnp.sqrt(v)
@@ -121,7 +125,7 @@ class Laplace:
 @dataclass(frozen=True)
 class BernoulliLogit:
     """y ∈ {−1, +1} (0/1 accepted and mapped), p(y | f) = σ(y f).  ``nodes``: Gauss–Hermite
-    nodes (spec §5: 32 by default, 101 in the paper's runs)."""
+    nodes (docs/gp.md#site-functions: 32 by default, 101 in the paper's runs)."""
 
     nodes: int = 32
     name: str = "bernoulli_logit"
@@ -148,7 +152,7 @@ class BernoulliLogit:
         return expected_log_sigmoid(y * a, s, self.nodes)
 
     def prob(self, mean, var_f):
-        """p(y* = +1) = E σ(f), f ~ N(mean, var_f) (spec §4)."""
+        """p(y* = +1) = E σ(f), f ~ N(mean, var_f) (docs/gp.md#prediction)."""
         return expected_sigmoid(mean, jnp.sqrt(var_f), self.nodes)
 
     def log_predictive(self, y, mean, var_f, theta):
@@ -161,8 +165,8 @@ class BernoulliLogit:
 
 @dataclass(frozen=True)
 class StudentT:
-    """Student-t noise.  Not log-concave: QSGP's lower bound (spec §2.4) does not hold for it,
-    so every QSGP fit refuses it (spec §1.3)."""
+    """Student-t noise.  Not log-concave: QSGP's lower bound (docs/gp.md#lower-bound) does not
+    hold for it, so every QSGP fit refuses it (docs/gp.md#likelihoods)."""
 
     df: float = 4.0
     scale: float = 0.1

@@ -1,10 +1,10 @@
-"""The basis-function GP model (spec §1.1, §8): data, a basis, a likelihood and the
+"""The basis-function GP model (docs/gp.md#model): data, a basis, a likelihood and the
 hyperparameters θ; exact (O(n m² + m³)) reference quantities for small problems.
 
 ``BasisGP`` is what ``stanvi.fit(model, method="qsgp" | "exact" | "svi")`` takes.  It also
 exposes the generic JAX log-density protocol (:meth:`BasisGP.log_joint`,
-:meth:`BasisGP.as_target`), so every core stanvi method can run on it when m is small (spec §8
-"Dispatch"); that costs O(n m) per evaluation.
+:meth:`BasisGP.as_target`), so every core stanvi method can run on it when m is small
+(docs/gp.md#methods); that costs O(n m) per evaluation.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _features(basis, arrays: dict, X: jax.Array, cols: jax.Array, theta: dict) -
 
 
 class BasisGP:
-    """f(x) = Σ_i w_i φ_i(x), w ~ N(0, S⁻¹), y_l ~ g(· | f(x_l)) (spec §1.1).
+    """f(x) = Σ_i w_i φ_i(x), w ~ N(0, S⁻¹), y_l ~ g(· | f(x_l)) (docs/gp.md#model).
 
     Args:
         X: inputs (n, d); y: targets (n,) (regression) or labels in {−1, +1} / {0, 1}.
@@ -120,7 +120,7 @@ class BasisGP:
 
     # ---------------------------------------------------------------- exact references
     def exact_elbo(self, params: VParams, theta: dict | None = None, log_s=None) -> float:
-        """ELBO = Σ_l F_l(a_l, s_l) − KL(q‖p) with a_l = φ_l μ, s_l = ‖Cᵀφ_lᵀ‖ (spec §2.4):
+        """ELBO = Σ_l F_l(a_l, s_l) − KL(q‖p), a_l = φ_l μ, s_l = ‖Cᵀφ_lᵀ‖ (docs/gp.md#exact-elbo):
         exact for every likelihood (its F in closed form or by quadrature); O(n m² + m³)."""
         theta = self.theta if theta is None else theta
         fn = self.__dict__.get("_exact_elbo_jit")
@@ -142,7 +142,7 @@ class BasisGP:
         return lik - kl
 
     def kl(self, params: VParams, theta: dict | None = None, log_s=None) -> float:
-        """KL(q‖p) = ½[μᵀSμ + tr(SΣ) − log|Σ| − m − log|S|] (spec §2.4)."""
+        """KL(q‖p) = ½[μᵀSμ + tr(SΣ) − log|Σ| − m − log|S|] (docs/gp.md#exact-elbo)."""
         theta = self.theta if theta is None else theta
         S = self.precision_matrix(theta, log_s)
         C = jnp.asarray(dense_matrix(params))
@@ -151,7 +151,7 @@ class BasisGP:
                             - self.m - jnp.linalg.slogdet(S)[1]))
 
     def exact_elbo_eq2(self, params: VParams, theta: dict | None = None) -> float:
-        """Gaussian likelihood: ELBO = −½(L_μ + L_Σ + L_const) (spec §2.1)."""
+        """Gaussian likelihood: ELBO = −½(L_μ + L_Σ + L_const) (Eq. 2, docs/gp.md#exact-elbo)."""
         if not isinstance(self.likelihood, Gaussian):
             raise ValueError("the eq.-2 form is for the Gaussian likelihood")
         theta = self.theta if theta is None else theta
@@ -180,8 +180,8 @@ def _dense_C(ld, L):
 def rff_regression(X, y, m: int = 10_000, *, lengthscale: float = 1.0, variance: float = 1.0,
                    noise: float = 0.1, ard: bool = False, likelihood: str = "gaussian",
                    seed: int = 0) -> BasisGP:
-    """An RFF SE-kernel regression model (spec §1.2, Table 2); ``likelihood`` 'gaussian' or
-    'laplace' (then ``noise`` is the Laplace scale b)."""
+    """An RFF SE-kernel regression model (docs/gp.md#bases, the paper's Table 2); ``likelihood``
+    'gaussian' or 'laplace' (then ``noise`` is the Laplace scale b)."""
     lik = {"gaussian": lambda: Gaussian(noise=noise),
            "laplace": lambda: Laplace(b=noise)}.get(likelihood)
     if lik is None:
@@ -194,7 +194,8 @@ def rff_regression(X, y, m: int = 10_000, *, lengthscale: float = 1.0, variance:
 def rff_classification(X, y, m: int = 10_000, *, lengthscale: float = 1.0,
                        variance: float = 1.0, ard: bool = False, nodes: int = 32,
                        seed: int = 0) -> BasisGP:
-    """An RFF SE-kernel logistic classifier (spec §6.3, MNIST setting)."""
+    """An RFF SE-kernel logistic classifier (the paper's MNIST setting,
+    docs/gp.md#paper-settings)."""
     kern = SquaredExponential(lengthscale=lengthscale, variance=variance, ard=ard)
     return BasisGP(X, y, basis=RandomFourierFeatures(m=m, kernel=kern, seed=seed),
                    likelihood=BernoulliLogit(nodes=nodes), name="rff_classification")
@@ -202,14 +203,14 @@ def rff_classification(X, y, m: int = 10_000, *, lengthscale: float = 1.0,
 
 def inducing_regression(X, y, *, Z=None, lengthscale: float = 1.0, variance: float = 1.0,
                         noise: float = 0.1, ard: bool = False) -> BasisGP:
-    """Inducing points at Z (default the training inputs): the exact GP prior (spec §1.2)."""
+    """Inducing points at Z (default the training inputs): the exact GP prior (docs/gp.md#bases)."""
     kern = SquaredExponential(lengthscale=lengthscale, variance=variance, ard=ard)
     return BasisGP(X, y, basis=InducingPoints(kernel=kern, Z=None if Z is None else np.asarray(Z)),
                    likelihood=Gaussian(noise=noise, learn_noise=False), name="inducing_regression")
 
 
 def rvm_regression(X, y, *, lengthscale: float = 1.0, noise: float = 0.1) -> BasisGP:
-    """A relevance vector machine (QSRVM, spec §1.2) with SE kernel columns at the inputs."""
+    """A relevance vector machine (QSRVM, docs/gp.md#bases) with SE kernel columns at the inputs."""
     kern = SquaredExponential(lengthscale=lengthscale, variance=1.0)
     return BasisGP(X, y, basis=RVM(kernel=kern), likelihood=Gaussian(noise=noise),
                    name="rvm_regression")
@@ -217,7 +218,7 @@ def rvm_regression(X, y, *, lengthscale: float = 1.0, noise: float = 0.1) -> Bas
 
 def init_exact_gp_subset(model: BasisGP, n_sub: int = 1000, *, steps: int = 200,
                          lr: float = 0.05, seed: int = 0) -> BasisGP:
-    """Type-II ML initialisation of θ on ``n_sub`` random training points (spec §3 "init", the
+    """Type-II ML initialisation of θ on ``n_sub`` random training points (docs/gp.md#training, the
     paper's setting): Adam on the exact GP log marginal likelihood with the SE kernel (Gaussian
     likelihood only).  Returns the model with the new θ."""
     if not isinstance(model.likelihood, Gaussian):

@@ -1,4 +1,5 @@
-"""Sparse AdaGrad for the m-sized variational parameters and Adam for θ (spec §2.5 A7, §3).
+"""Sparse AdaGrad for the m-sized variational parameters and Adam for θ (docs/gp.md#training,
+docs/gp.md#control-variates).
 
 AdaGrad (Duchi et al. 2011) updates only the gathered entries: G_W += g²,
 x_W −= lr g / √(G_W + 1e-10), scattered back with ``mode="drop"`` so padded indices (= m) are
@@ -11,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-ADAGRAD_EPS = 1e-10   # inside the square root (spec §3 pseudo-code)
+ADAGRAD_EPS = 1e-10   # inside the square root (docs/gp.md#training)
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8   # Kingma & Ba (2015) defaults
 
 

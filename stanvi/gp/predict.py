@@ -1,5 +1,6 @@
-"""Prediction at test inputs (spec §4): latent mean φ*ᵀμ and variance ‖Cᵀφ*‖², chunked over test
-points and basis columns (O(m k) per point); the predictive distribution of y*; metrics.
+"""Prediction at test inputs (docs/gp.md#prediction): latent mean φ*ᵀμ and variance ‖Cᵀφ*‖²,
+chunked over test points and basis columns (O(m k) per point); the predictive distribution of
+y*; metrics.
 """
 
 from __future__ import annotations
@@ -81,15 +82,16 @@ def latent_moments(model, params: VParams, theta: dict, Xs: np.ndarray, *,
 
 
 def predict(model, params: VParams, theta: dict, Xs, *, augment: bool = False) -> Prediction:
-    """Predictive moments at Xs (spec §4).  ``augment``: Prop 4's augmented latent variance
-    k*ᵀΣk* + σ² k**² / (k*ᵀk* + σ² k**) (inducing points at Z = X, Gaussian likelihood only)."""
+    """Predictive moments at Xs (docs/gp.md#prediction).  ``augment``: Prop 4's augmented latent
+    variance k*ᵀΣk* + σ² k**² / (k*ᵀk* + σ² k**) (inducing points at Z = X, Gaussian likelihood
+    only)."""
     lik = model.likelihood
     mean, var_f, norm2 = latent_moments(model, params, theta, Xs, with_norm=True)
     if augment:
         if not (isinstance(model.basis, InducingPoints) and model.basis.Z is None
                 and isinstance(lik, Gaussian)):
             raise ValueError("augment=True needs inducing points at the training inputs "
-                             "(Z = X) and a Gaussian likelihood (spec §4, Prop 4)")
+                             "(Z = X) and a Gaussian likelihood (Prop 4)")
         s2 = float(np.exp(np.asarray(theta["log_noise"])))
         kss = np.asarray(model.basis.kernel.diag(jnp.asarray(np.asarray(Xs).reshape(-1, model.d)),
                                                  {k: jnp.asarray(v) for k, v in theta.items()}))
@@ -104,7 +106,7 @@ def predict(model, params: VParams, theta: dict, Xs, *, augment: bool = False) -
 
 def metrics(model, pred: Prediction, theta: dict, y) -> dict[str, float]:
     """Regression: RMSE, MAE and MNLP = mean −log p(y*|x*); classification: error rate
-    (sign of the latent mean, the posterior median, A14) and MNLP (spec §4)."""
+    (sign of the latent mean, the posterior median) and MNLP (docs/gp.md#prediction)."""
     lik = model.likelihood
     y = lik.check_y(np.asarray(y).reshape(-1))
     if y.shape != pred.mean.shape:

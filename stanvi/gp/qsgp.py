@@ -1,8 +1,8 @@
-"""The QSGP training loop (spec §3): sparse AdaGrad on (μ, C, RVM log s), Adam on θ after a
-freeze, the data-Gram control variate kept up to date incrementally (Prop 3), all inside one
-jit-compiled ``lax.scan`` over ``chunk`` steps with the state donated, so every m-sized array
-is updated in place and a step costs the same for any n and m (spec §2.7, §3 "JAX
-requirements").
+"""The QSGP training loop (docs/gp.md#training): sparse AdaGrad on (μ, C, RVM log s), Adam on θ
+after a freeze, the data-Gram control variate kept up to date incrementally (Prop 3), all inside
+one jit-compiled ``lax.scan`` over ``chunk`` steps with the state donated, so every m-sized array
+is updated in place and a step costs the same for any n and m (docs/gp.md#step-cost,
+docs/gp.md#jax-rules).
 """
 
 from __future__ import annotations
@@ -27,26 +27,26 @@ from stanvi.gp.optim import adagrad_sparse, adam
 
 @dataclass(frozen=True)
 class Options:
-    """QSGP options; defaults from spec §5 ("stanvi default" column).
+    """QSGP options; defaults in docs/gp.md#options.
 
     * ``batch_size`` n~ = min(n, 500); ``basis_batch_size`` m~ = min(m, 10⁴);
       ``diag_batch_size`` m~_r (None: m~) — Table 2 settings.
     * ``cv_rank`` n_bar = 500 support rows for the data-Gram control variate (Gaussian
       likelihood only; 0 turns it off).
     * ``num_steps`` T = 10⁵; ``lr`` AdaGrad 0.1 with exponential decay to ``lr_decay``·lr at T
-      (γ = 0.1^{1/T}); ``adagrad_init`` = 0.1 (the accumulator's start, TF's default, A13).
+      (γ = 0.1^{1/T}); ``adagrad_init`` = 0.1 (the accumulator's start, TF's default).
     * ``nystrom_rank``: support inputs V (random inducing inputs) of the Nyström control
       variate for the dense prior-precision term of the inducing-point family (App. F.2 (i),
-      spec §2.5; the paper's Table 3 used 200); 0 (default) turns it off.
+      docs/gp.md#control-variates; the paper's Table 3 used 200); 0 (default) turns it off.
     * ``learn_hyperparameters`` (empirical Bayes) with Adam at ``hyper_lr`` = 1e-5, frozen for
       the first ``freeze_steps`` (None: 10 % of T).
     * ``chunk``: steps per compiled call (one row of the ELBO trace: the mean of the chunk's
       stochastic ELBO estimates); ``exact_elbo_every``: also log the exact ELBO every that many
       chunks (small problems only; 0 = never).
-    * ``dtype``: ``"float64"`` (default: the statistical tests' precision, spec §7) or
-      ``"float32"``, the precision of the training state and data inside the loop (the spec's
-      §6.4 step-time prototype ran in float32; on a GPU float32 is the fast path).  The fitted
-      parameters are returned as float64 arrays either way; predictions are made in float64.
+    * ``dtype``: ``"float64"`` (default: the statistical tests' precision) or ``"float32"``,
+      the precision of the training state and data inside the loop (on a GPU float32 is the
+      fast path; docs/gp.md#options).  The fitted parameters are returned as float64 arrays
+      either way; predictions are made in float64.
     """
 
     batch_size: int = 500
@@ -68,7 +68,7 @@ class Options:
 
 PROFILES: dict[str, dict] = {"default": {}}
 """Named option sets, read by :func:`stanvi.methods.make_options` (which checks names and
-types): one, the spec §5 defaults of :class:`Options`."""
+types): one, the defaults of :class:`Options` (docs/gp.md#options)."""
 DEFAULT_PROFILE = "default"
 
 
@@ -102,10 +102,10 @@ class Data(NamedTuple):
 
 
 def check_model(model) -> None:
-    """Refuse what QSGP cannot fit (spec §1.3, §8)."""
+    """Refuse what QSGP cannot fit (docs/gp.md#likelihoods, docs/gp.md#stan-models)."""
     if not getattr(model.likelihood, "is_log_concave", False):
         raise VIError(f"qsgp needs a log-concave likelihood: {model.likelihood.name} is not, so "
-                      "the stochastic lower bound of QSGP (spec §2.4) does not hold for it")
+                      "the stochastic lower bound of QSGP does not hold for it")
     if not hasattr(model.likelihood, "expected_log_site"):
         raise VIError(f"likelihood {model.likelihood.name} has no expected log site function")
 
@@ -156,7 +156,7 @@ def hyper_mask(model, learn: bool) -> dict:
 
 
 def init_state(model, sz: Sizes, opts: Options, key: jax.Array) -> tuple[State, Data]:
-    """μ = 0; off-diagonals 0; c_rr from Prop 1 (spec §2.2, §3 init); p = n_bar random rows;
+    """μ = 0; off-diagonals 0; c_rr from Prop 1 (docs/gp.md#training); p = n_bar random rows;
     a = Φ0[p] μ = 0, A = Φ0[p, :k] diag(c_rr[:k])."""
     m, k = sz.m, sz.k
     theta = {kk: jnp.asarray(v, dtype=jnp.float64) for kk, v in model.theta.items()}
@@ -196,7 +196,8 @@ def init_state(model, sz: Sizes, opts: Options, key: jax.Array) -> tuple[State, 
 
 
 def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
-    """One QSGP step (spec §3 loop body) as a pure function (state, data, key) -> (state, elbo^)."""
+    """One QSGP step (docs/gp.md#training) as a pure function
+    (state, data, key) -> (state, elbo^)."""
     T = int(opts.num_steps)
     gamma = float(opts.lr_decay) ** (1.0 / max(T, 1))
     freeze = int(opts.freeze_steps if opts.freeze_steps is not None else T // 10)
@@ -237,7 +238,7 @@ def make_step(model, sz: Sizes, opts: Options, logdet_S_const: float | None):
         logs, G_logs = state.logs, state.G_logs
         if rvm:
             logs, G_logs, _ = adagrad_sparse(state.logs, state.G_logs, W, sl.logs, g_sl.logs, lr)
-        # Prop 3: a <- a + P[:, U](u_U_new − u_U_old) after the step (A6), for u = μ and the
+        # Prop 3: a <- a + P[:, U](u_U_new − u_U_old) after the step, for u = μ and the
         # dense columns of C, P = Φ0[p] (data-Gram CV) and P = Ψ (Nyström CV)
         d_mu = mu_W - sl.mu
         d_C = (dense_columns(W, L_W, ld_W[batch.pk], k)

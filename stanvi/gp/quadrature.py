@@ -1,11 +1,11 @@
 """One-dimensional Gaussian expectations E_{z~N(0,1)}[h(a + s z)] for the site functions
-(spec §2.4, "F_l in closed form or by quadrature", and §4 for predictive probabilities).
+(docs/gp.md#site-functions, and docs/gp.md#prediction for predictive probabilities).
 
 * Gauss–Hermite with ``nodes`` nodes: E[h] = π^{-1/2} Σ_k w_k h(a + s √2 t_k).  Accurate for
-  small s (GH-32: 1e-14 at s <= 1, GH-101: 3e-10 at s = 3, spec §2.4 [review]).
-* For s > 2 the *split rule* (spec §2.4 [review]): h = (part with a Gaussian closed form) + (a
-  bounded remainder that decays like e^{-|u|}), the remainder integrated in u over [−36, 0] and
-  [0, 36] with 64-node Gauss–Legendre each (error <= 2e-12 for s >= 1).
+  small s (GH-32: 1e-14 at s <= 1, GH-101: 3e-10 at s = 3, docs/gp.md#site-functions).
+* For s > 2 the *split rule* (docs/gp.md#site-functions): h = (part with a Gaussian closed
+  form) + (a bounded remainder that decays like e^{-|u|}), the remainder integrated in u over
+  [−36, 0] and [0, 36] with 64-node Gauss–Legendre each (error <= 2e-12 for s >= 1).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from jax.scipy.special import ndtr
 
 _U_MAX = 36.0
-SPLIT_ABOVE = 2.0  # s above which the split rule replaces Gauss–Hermite (spec §2.4 [review])
+SPLIT_ABOVE = 2.0  # s above which the split rule replaces Gauss–Hermite (docs/gp.md#site-functions)
 
 
 @lru_cache(maxsize=None)
@@ -54,7 +54,7 @@ def _normal_pdf(u, a, s):
 def expected_log_sigmoid(a: jax.Array, s: jax.Array, nodes: int = 32) -> jax.Array:
     """E[log σ(a + s z)], z ~ N(0, 1): Gauss–Hermite for s <= 2, else the split
     log σ(u) = min(u, 0) − log1p(e^{−|u|}) with E[min(u, 0)] = a Φ(−a/s) − s φ(a/s) in closed form
-    and the bounded remainder by Gauss–Legendre (spec §2.4 [review])."""
+    and the bounded remainder by Gauss–Legendre (docs/gp.md#site-functions)."""
     s = jnp.maximum(s, 1e-12)
     gh = gh_expect(jax.nn.log_sigmoid, a, jnp.minimum(s, SPLIT_ABOVE), nodes)
     sl = jnp.maximum(s, SPLIT_ABOVE)
@@ -68,8 +68,8 @@ def expected_log_sigmoid(a: jax.Array, s: jax.Array, nodes: int = 32) -> jax.Arr
 
 @partial(jax.jit, static_argnames=("nodes",))
 def expected_sigmoid(a: jax.Array, s: jax.Array, nodes: int = 32) -> jax.Array:
-    """E[σ(a + s z)] (the logistic predictive p(y = 1), spec §4), with the same hybrid rule:
-    σ(u) = 1[u > 0] + (σ(u) − 1[u > 0]), E[1[u > 0]] = Φ(a/s)."""
+    """E[σ(a + s z)] (the logistic predictive p(y = 1), docs/gp.md#prediction), with the same
+    hybrid rule: σ(u) = 1[u > 0] + (σ(u) − 1[u > 0]), E[1[u > 0]] = Φ(a/s)."""
     s = jnp.maximum(s, 1e-12)
     gh = gh_expect(jax.nn.sigmoid, a, jnp.minimum(s, SPLIT_ABOVE), nodes)
     sl = jnp.maximum(s, SPLIT_ABOVE)

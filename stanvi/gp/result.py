@@ -1,6 +1,6 @@
 """The result of a GP fit (``stanvi.fit(gp_model, method="qsgp" | "exact" | "svi")``): the
 variational posterior of the weights, the hyperparameters, the ELBO trace, prediction, metrics
-and ArviZ output (spec §8 "ArviZ output")."""
+and ArviZ output (docs/gp.md#gpfit)."""
 
 from __future__ import annotations
 
@@ -76,19 +76,20 @@ class GPFit:
         return metrics(self.model, self.predict(X, augment=augment), self.theta, y)
 
     def relevance_vectors(self, threshold: float = 1e4) -> np.ndarray:
-        """RVM: indices of the basis functions with precision s_i < ``threshold`` (spec §4)."""
+        """RVM: indices of the basis functions with precision s_i < ``threshold``
+        (docs/gp.md#prediction)."""
         if self.log_s is None:
             raise ValueError("relevance vectors exist for the RVM basis only")
         return np.flatnonzero(np.exp(self.log_s) < threshold)
 
     def to_arviz(self, X_test=None, *, num_draws: int = 1000, seed: int = 0,
                  weights: bool | None = None):
-        """An ArviZ DataTree (spec §8): ``posterior`` with draws of the weights ``w`` (default
-        only when m <= 20,000: they are never materialised for large m unless ``weights=True``);
-        with ``X_test``: ``predictions`` (draws of f* from its Gaussian marginals),
-        ``posterior_predictive`` (y*), ``constant_data`` (the test inputs); ``vi_trace`` (the
-        ELBO estimates and learning rates, one row per logged iteration); attrs: m, m~, n~,
-        family and the final θ."""
+        """An ArviZ DataTree (docs/gp.md#gpfit): ``posterior`` with draws of the weights ``w``
+        (default only when m <= 20,000: they are never materialised for large m unless
+        ``weights=True``); with ``X_test``: ``predictions`` (draws of f* from its Gaussian
+        marginals), ``posterior_predictive`` (y*), ``constant_data`` (the test inputs);
+        ``vi_trace`` (the ELBO estimates and learning rates, one row per logged iteration);
+        attrs: m, m~, n~, family and the final θ."""
         from arviz_base import from_dict  # noqa: PLC0415
         from xarray import Dataset, DataTree  # noqa: PLC0415
 

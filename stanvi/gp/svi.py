@@ -1,8 +1,9 @@
-"""``method="svi"``: the O(m)-per-step baseline of spec §6.4 — doubly-stochastic reparameterised
-VI (Titsias & Lázaro-Gredilla 2014): a data minibatch of n~ rows plus one reparameterised draw
-w = μ + σ ⊙ ε of a mean-field q, so a step costs O(n~ m d) (every basis function at every
-sampled row), against QSGP's O(n~ m~ d).  Dense Adam on (μ, log σ); θ is held fixed.
-Diagonal prior precision only (RFF, RVM at its initial s): a dense S makes log p(w) O(m²)."""
+"""``method="svi"``: the O(m)-per-step baseline (docs/gp.md#methods) — doubly-stochastic
+reparameterised VI (Titsias & Lázaro-Gredilla 2014): a data minibatch of n~ rows plus one
+reparameterised draw w = μ + σ ⊙ ε of a mean-field q, so a step costs O(n~ m d) (every basis
+function at every sampled row), against QSGP's O(n~ m~ d).  Dense Adam on (μ, log σ); θ is
+held fixed.  Diagonal prior precision only (RFF, RVM at its initial s): a dense S makes log p(w)
+O(m²)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Every method module defines a frozen ``Options`` dataclass (defaults from its source, named in
 the docstring), a ``PROFILES`` dict of named option sets with a ``DEFAULT_PROFILE``, the name of
-the ELBO estimator it needs (``ESTIMATOR``, a key of :data:`stanvi.estimators.base.ESTIMATORS`:
+the ELBO estimator it needs (``ESTIMATOR``, a key of :data:`stanvi.estimators.registry.ESTIMATORS`:
 ``stanvi.fit`` builds that estimator and passes it as ``context.estimator``), and
 ``run(target, family, *, key, options, context) -> MethodResult``.
 """

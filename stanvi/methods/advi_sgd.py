@@ -29,7 +29,7 @@ _CHUNK = 100                     # gradient steps per compiled call (static buff
 _HISTORY_BYTES = 128 * 2**20     # ... at most this much iterate history per call (issue 17)
 
 
-def _chunk_for(family) -> int:
+def chunk_for(family) -> int:
     """Steps per compiled call: ``_CHUNK``, fewer when the (steps, P) iterate history would
     exceed ``_HISTORY_BYTES`` (full rank, D = 2,000: 8 steps, not 100 × 16 MB).  Chunk
     boundaries do not change results (tests/test_advi.py)."""
@@ -116,7 +116,7 @@ _KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _kernel(estimator: ElboEstimator, grad_samples: int):
     """The compiled chunk for (estimator, grad_samples), cached weakly on the estimator."""
     per_estimator = _KERNELS.setdefault(estimator, {})
-    size = _chunk_for(estimator.family)
+    size = chunk_for(estimator.family)
     if (grad_samples, size) not in per_estimator:
         per_estimator[grad_samples, size] = _build_kernel(
             estimator.family, estimator.log_density, grad_samples, size)
@@ -131,8 +131,8 @@ def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: i
     ``absorb=True`` (adaptation): a failed gradient is a zero gradient.  ``absorb=False`` (SGD):
     stop at the first failed gradient (``fatal``) with the iterate before it.
     """
-    if not 1 <= n_steps <= _chunk_for(estimator.family):
-        raise ValueError(f"n_steps must be in [1, {_chunk_for(estimator.family)}], got {n_steps}")
+    if not 1 <= n_steps <= chunk_for(estimator.family):
+        raise ValueError(f"n_steps must be in [1, {chunk_for(estimator.family)}], got {n_steps}")
     out = _kernel(estimator, grad_samples)(
         jnp.asarray(params, dtype=jnp.float64), jnp.asarray(s, dtype=jnp.float64),
         np.int32(k0), np.int32(n_steps), np.int32(t0), np.float64(eta), key, np.bool_(absorb))

@@ -1,4 +1,4 @@
-"""What every method shares (DESIGN.md, "Conventions"; docs/algorithms.md#oracle-calls,
+"""What every method shares (docs/architecture.md#conventions; docs/algorithms.md#oracle-calls,
 #random-keys, #trustvi-stopping):
 oracle accounting (:class:`OracleLedger`), the iteration trace (:class:`Trace`), random-key
 purposes (:func:`purpose_key`), the run context a method receives besides its options

@@ -80,7 +80,7 @@ PROFILES: dict[str, dict] = {
                 "tol_rel_change": 0.1, "average": 3},
 }
 DEFAULT_PROFILE = "default"
-ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
+ESTIMATOR = "reparameterization"   # stanvi.estimators.registry.ESTIMATORS: what run() gets in context.estimator
 HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
 
 
@@ -151,8 +151,8 @@ def step(state: State, t: int, *, o: Options, est, family, key: jax.Array,
         small_steps = small_steps + 1 if small else 0
         if small_steps >= 3:
             stop = ("converged", f"Newton steps below tol_rel_change={o.tol_rel_change} "
-                                 f"{'(RMS q-sds per parameter) ' if o.metric == 'fisher' else ''}"
-                                 f"for 3 iterations")
+                    f"{'(RMS q-sds per parameter) ' if o.metric == 'fisher' else ''}"
+                    f"for 3 iterations")
     recent = (state.recent + (new,))[-max(1, o.average):]
     return StepOutcome(State(new, small_steps, recent), row, stop)
 

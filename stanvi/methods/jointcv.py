@@ -1,14 +1,15 @@
 """jointcv: doubly-stochastic VI with the joint control variate (Wang, Geffner & Domke,
 *Joint control variate for faster black-box variational inference*, AISTATS 2024;
-specs/joint_control_variate.md; docs/jointcv.md).
+docs/jointcv.md).
 
 Each iteration draws a minibatch B of b distinct terms (data, or blocks of rows for a Stan model,
-spec §7.1) by reshuffling every epoch, and one ε (shared by the batch, spec §1.3), forms an
-estimate of ∇(−ELBO) with the chosen estimator (``naive``, ``cv``, ``joint`` in SAGA or SVRG form,
-``inc``; :mod:`stanvi.estimators.subsampled`) and takes one optimizer step (SGD without momentum,
-or Adam).  Table-based estimators (joint-SAGA, inc) first run ``warmup_epochs`` epochs of the
-naive estimator that fill the table (paper Alg. 1, spec §2.3); the warm-up iterations count
-towards ``max_iters`` (spec §5.6).
+docs/jointcv.md#block-scheme) by reshuffling every epoch, and one ε (shared by the batch,
+docs/jointcv.md#minibatches), forms an estimate of ∇(−ELBO) with the chosen estimator
+(``naive``, ``cv``, ``joint`` in SAGA or SVRG form, ``inc``; :mod:`stanvi.estimators.subsampled`)
+and takes one optimizer step (SGD without momentum, or Adam).  Table-based estimators
+(joint-SAGA, inc) first run ``warmup_epochs`` epochs of the naive estimator that fill the table
+(paper Alg. 1, docs/jointcv.md#table); the warm-up iterations count towards ``max_iters``
+(docs/jointcv.md#defaults).
 
 The trace has a row per iteration; every ``elbo_every`` iterations (and at the end) it records a
 full-data ELBO estimate from ``elbo_draws`` fixed draws (common random numbers along the run)
@@ -32,7 +33,7 @@ import jax
 import numpy as np
 
 from stanvi.errors import ModelEvaluationError, VIError
-from stanvi.estimators.subsampled import SUBSAMPLED_ESTIMATORS, make_estimator
+from stanvi.estimators.registry import SUBSAMPLED_ESTIMATORS, make_estimator
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  iterate, purpose_key)
 from stanvi.methods.checks import divergence
@@ -40,8 +41,9 @@ from stanvi.methods.checks import divergence
 
 @dataclass(frozen=True)
 class Options:
-    """jointcv options.  Tags: [P] the paper (Wang, Geffner & Domke 2024), [S] the spec's
-    resolution (specs/joint_control_variate.md, section named), [C] stanvi's choice."""
+    """jointcv options (docs/jointcv.md#defaults).  Tags: [P] the paper (Wang, Geffner & Domke
+    2024), [S] stanvi's resolution of an ambiguity in the paper, docs/jointcv.md#paper-fixes,
+    [C] stanvi's choice; a ``#name`` is the anchor of that name in docs/jointcv.md."""
 
     estimator: str = "joint"            # 'naive' | 'cv' | 'joint' | 'inc' [P §5]
     variant: str = "saga"               # joint's form: 'saga' (table) | 'svrg' (snapshot) [P App. B]
@@ -49,20 +51,20 @@ class Options:
                                         # 1,000 terms, else 100 [P Table 1 settings]
     optimizer: str = "sgd"              # 'sgd' (Sonar, Australian) | 'adam' (large tasks) [P §5]
     learning_rate: float | None = None  # None: 5e-4 for SGD, 1e-2 for Adam [P Table 1 settings]
-    momentum: float = 0.0               # SGD momentum: none [P; the code's 0.9, S §8 item 9]
-    max_iters: int = 5000               # warm-up included [S §4: 5,000-10,000 small tasks]
+    momentum: float = 0.0               # SGD momentum: none [P; the code's 0.9, S #unstated]
+    max_iters: int = 5000               # warm-up included [C, #defaults]
     warmup_epochs: int = 1              # naive epochs filling the table [P Alg. 1; 3 for PPCA+SGD]
-    hvp_scale: str | None = None        # None: 'table' mean-field [P], 'current' full-rank [S §2.6]
-    svrg_period: int | None = None      # SVRG snapshot period; None: one epoch [P App. B, S §8.5]
-    cache_grads: bool = True            # keep ∇k_n(μⁿ) in the table [S §2.3]
-    per_datum_eps: bool = False         # one ε per term instead of one per batch [S §1.3]
+    hvp_scale: str | None = None        # None: 'table' (mean-field) [P], 'current' [C, #full-rank]
+    svrg_period: int | None = None      # snapshot period; None: an epoch [P App. B; S #svrg-period]
+    cache_grads: bool = True            # keep ∇k_n(μⁿ) in the table [C, #table]
+    per_datum_eps: bool = False         # one ε per term instead of one per batch [C, #minibatches]
     init: str = "paper"                 # 'paper': μ, ω ~ N(0, 1) [P]; 'code': μ ~ N(0, 0.01²),
                                         # ω = 0.001 [official code]; 'zero'; 'random' (Stan's)
     log_scale0: float = 0.0             # ω₀ for init 'zero' / 'random' / a user init [C]
-    elbo_every: int = 100               # full-data ELBO every this many iterations [S §4]
+    elbo_every: int = 100               # full-data ELBO every this many iterations [official code]
     elbo_draws: int = 1000              # draws per ELBO estimate [C; the paper used 5000]
-    n_blocks: int | None = None         # Stan models: blocks M; None: min(N, 1000) [C, S §7.1:
-                                        # a block of ~10-1000 rows]
+    n_blocks: int | None = None         # Stan models: blocks M; None: min(N, 1000) [C:
+                                        # a block of ~10-1000 rows, #block-scheme]
     obs_var: str | None = None          # Stan models: the observation-count variable; None:
                                         # inferred (docs/jointcv.md#block-scheme)
     threads: int | None = None          # Stan models: threads for the block calls
@@ -109,7 +111,7 @@ ESTIMATOR = "reparameterization"   # for the output draws and Fit.elbo(); the me
 class DataLedger(OracleLedger):
     """Oracle calls of a subsampled run, per term (issue 11): term gradients, term HVPs and
     full-data gradients; ``scaled`` counts full-data passes (a term gradient is 1/N of one, a
-    term HVP 2/N, spec §2.4's gradient-equivalents)."""
+    term HVP 2/N, docs/jointcv.md#cost)."""
 
     n_terms: int = 1
     term_gradients: int = 0
@@ -132,7 +134,7 @@ class DataLedger(OracleLedger):
 
 
 @dataclass
-class _Optimizer:
+class Optimizer:
     """SGD (optional heavy-ball momentum) or Adam with optax's defaults (b1 = 0.9,
     b2 = 0.999, eps = 1e-8, bias-corrected; Kingma & Ba 2015), in NumPy on the host."""
 
@@ -159,9 +161,9 @@ class _Optimizer:
 
 
 @dataclass
-class _Schedule:
-    """Minibatches by reshuffling every epoch (spec §1.3), the last batch of an epoch smaller
-    when b does not divide N; tells when an epoch ends."""
+class Schedule:
+    """Minibatches by reshuffling every epoch (docs/jointcv.md#minibatches), the last batch of an
+    epoch smaller when b does not divide N; tells when an epoch ends."""
 
     n: int
     b: int
@@ -188,7 +190,8 @@ class State(NamedTuple):
 
 def subsampled_target(target, options: Options, seed: int):
     """The per-term view of ``target``: itself for a per-datum JAX target, the block target of
-    spec §7.1 for a Stan model with data; otherwise a VIError saying what is needed."""
+    docs/jointcv.md#block-scheme for a Stan model with data; otherwise a VIError saying what is
+    needed."""
     if hasattr(target, "term_gradients") and hasattr(target, "n_terms"):
         return target
     if hasattr(target, "library_path") and hasattr(target, "data_json"):
@@ -267,7 +270,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         return {"elbo": elbo, "elbo_se": se, "eval_time": timers["eval"]}
 
     trace.record(0, params, ledger, phase="init", epoch=0, **evaluate(params))
-    schedule = _Schedule(n, b, rng)
+    schedule = Schedule(n, b, rng)
     warmup_iters = 0
     if est.uses_table:
         if o.warmup_epochs == 0:
@@ -276,7 +279,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
             ledger.charge(before, sub.terms.snapshot())
         else:
             warmup_iters = o.warmup_epochs * math.ceil(n / b)
-    opt = _Optimizer(o.optimizer, o.step_size, o.momentum)
+    opt = Optimizer(o.optimizer, o.step_size, o.momentum)
     phase = {"warmup": warmup_iters > 0}
 
     def step(state: State, k: int) -> StepOutcome:
@@ -301,11 +304,11 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
             est.end_epoch()
         if not np.all(np.isfinite(g)):
             return StepOutcome(state, None, ("failed", f"non-finite gradient estimate at "
-                                                       f"iteration {k} (step size too large?)"))
+                                             f"iteration {k} (step size too large?)"))
         new = opt.step(state.params, g)
         if not np.all(np.isfinite(new)) or divergence(family, new):
             return StepOutcome(state, None, ("failed", f"the iterate ran away at iteration {k} "
-                                                       f"(step size {o.step_size:g} too large?)"))
+                                             f"(step size {o.step_size:g} too large?)"))
         row["grad_norm"] = float(np.linalg.norm(g))
         if k % o.elbo_every == 0 or k == o.max_iters:
             row.update(evaluate(new))

@@ -1,26 +1,26 @@
 """mlmcvi: Multilevel Monte Carlo variational inference (Fujisawa & Sato, *Multilevel Monte
-Carlo Variational Inference*, JMLR; specs/mlmcvi.md; docs/mlmcvi.md).
+Carlo Variational Inference*, JMLR; docs/mlmcvi.md).
 
-The paper's Algorithm 1 in G-form (spec §2.5): SGD on F = −ELBO with the multilevel
-reparameterized gradient G_t of :mod:`stanvi.estimators.mlmc` (Lemma 1's running sum),
-step size α_t = α_0 η_t and level sizes N_t = ⌈η_{t−1} N_0⌉ from the scheduler
+The paper's Algorithm 1 in G-form (docs/mlmcvi.md#update-rule): SGD on F = −ELBO with the
+multilevel reparameterized gradient G_t of :mod:`stanvi.estimators.mlmc` (Lemma 1's running
+sum), step size α_t = α_0 η_t and level sizes N_t = ⌈η_{t−1} N_0⌉ from the scheduler
 (:mod:`stanvi.estimators.mlmc_schedule`; step decay by default, as every experiment of the
 paper).  A run to level T (``max_iters``) makes T + 1 updates, t = 0 … T; trace row k holds the
 iterate λ_k after update t = k − 1.  Cost: N_0 + 2 Σ_{t=1}^T N_t draw-level gradient evaluations.
 
-Also here, selectable by ``estimator``: the paper's baselines, plain reparameterized Monte Carlo
-(``"mc"``) and randomized QMC with scrambled Sobol' points (``"rqmc"``, spec §3.3), by default at
-the draws per iteration that make their cost equal to MLMC's over the same run
-(:func:`~stanvi.estimators.mlmc_schedule.equal_cost_draws`), with the same optimizer and
-schedule; and the [EXT] options of spec §3.2, all off by default: Adam fed with G (E1), periodic
-restarts (R1), Algorithm 2's truncation.
+Also here, selectable by ``estimator``: the paper's baselines (docs/mlmcvi.md#baselines), plain
+reparameterized Monte Carlo (``"mc"``) and randomized QMC with scrambled Sobol' points
+(``"rqmc"``), by default at the draws per iteration that make their cost equal to MLMC's over
+the same run (:func:`~stanvi.estimators.mlmc_schedule.equal_cost_draws`), with the same
+optimizer and schedule; and the [EXT] options of docs/mlmcvi.md#extensions, all off by default:
+Adam fed with G (E1), periodic restarts (R1), Algorithm 2's truncation.
 
-**Caveat (spec §2.9).**  The faithful estimator never re-draws level 0, so its error, of mean
-square ≥ V_0/N_0, persists: the iterates settle at a stationary point of a randomly perturbed
-objective, and the excess free energy is about tr(H⁻¹Σ_0)/(2N_0).  The trace logs V̂_t, V̂_t/N_t
-and Acc_t (spec §2.7); with the log scale a coordinate whose accumulated error s.d. exceeds 1/3
-triggers the collapse-risk warning (spec §2.7, §7.6).  ``restart_every`` bounds the error's
-lifetime (not in the paper).
+**Caveat (docs/mlmcvi.md#persisting-error).**  The faithful estimator never re-draws level 0,
+so its error, of mean square ≥ V_0/N_0, persists: the iterates settle at a stationary point of
+a randomly perturbed objective, and the excess free energy is about tr(H⁻¹Σ_0)/(2N_0).  The
+trace logs V̂_t, V̂_t/N_t and Acc_t (docs/mlmcvi.md#diagnostics); with the log scale a
+coordinate whose accumulated error s.d. exceeds 1/3 triggers the collapse-risk warning
+(docs/mlmcvi.md#scale-collapse).  ``restart_every`` bounds the error's lifetime (not in the paper).
 """
 
 from __future__ import annotations
@@ -37,103 +37,21 @@ import numpy as np
 
 from stanvi.errors import StanviWarning, VIError
 from stanvi.estimators.elbo import GradientFailure
-from stanvi.estimators.mlmc import (SCALE_PARAMS, Coordinates, MultilevelGradient, plain_level,
+from stanvi.estimators.mlmc import (Coordinates, MultilevelGradient, plain_level,
                                     replicate_estimates, variance_and_snr)
-from stanvi.estimators.mlmc_schedule import (SCHEDULERS, Scheduler, cost_ratio, equal_cost_draws,
+from stanvi.estimators.mlmc_schedule import (cost_ratio, equal_cost_draws,
                                              low_cost_ok, mlmc_cost, sample_size)
 from stanvi.estimators.qmc import base_draws
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
 from stanvi.methods.checks import divergence
+from stanvi.methods.mlmcvi_options import (DEFAULT_PROFILE, ESTIMATORS,  # noqa: F401
+                                           PROFILES, Options)
 from stanvi.methods.warm_start import laplace_start
 
-ESTIMATORS = ("mlmc", "mc", "rqmc")
-
-
-@dataclass(frozen=True)
-class Options:
-    """mlmcvi options.  Tags: [P] the paper (Fujisawa & Sato), [S] the spec's resolution
-    (specs/mlmcvi.md, section named), [EXT] an extension not in the paper, off by default,
-    [C] stanvi's choice."""
-
-    estimator: str = "mlmc"             # 'mlmc' | 'mc' | 'rqmc' (the paper's baselines) [P §5]
-    n0: int = 100                       # N_0, level-0 draws [P Table 3, §5.2; S §4]
-    baseline_draws: int | None = None   # draws per iteration for 'mc'/'rqmc'; None: equal cost
-                                        # with MLMC over the same run [S §2.9: N = 41]
-    scheduler: str = "step"             # 'step' | 'time' | 'exp' | 'constant' [P App. D]
-    beta: float = 0.5                   # decay β [P §5.2 Fashion-MNIST; S §4]
-    drop_every: int = 100               # step decay's drop period r [P §5.2; S §4]
-    lr0: float = 0.01                   # α_0 [P §5.2 grid top; S §4]; tune per model [P App. G]
-    optimizer: str = "sgd"              # 'sgd' [P: Lemma 1 needs SGD] | 'adam' [EXT E1; adam
-                                        # settings b1 0.9, b2 0.999, eps 1e-8: S AMB-14] |
-                                        # 'natural': SGD preconditioned by q's Fisher diagonal [C]
-    warm_start: str = "none"            # 'laplace': L-BFGS mode and Hessian scales (as TrustVI) [C]
-    max_iters: int = 1000               # T, the last level: T + 1 updates [S AMB-11]
-    scale_param: str = "log"            # 'log' (s = e^ω) | 'direct' (the paper's v) [S AMB-2,
-                                        # §7.6: 'log' can collapse a scale under MLMC]
-    restart_every: int | None = None    # [EXT R1] fresh N_0-draw level 0 every this many levels
-    truncate: float | None = None       # Algorithm 2's box [−B, B]^D [P App. C; S §3.1]
-    init: str = "zero"                  # 'zero': m = 0 [S AMB-10] | 'random' (Stan's)
-    log_scale0: float = 0.0             # initial log scale ω_0 (s_0 = 1) [S AMB-10]
-    tol: float | None = None            # stop when ‖Δλ‖_∞ < tol (1 + ‖λ‖_∞) [S AMB-12]
-    tol_elbo: float | None = None       # stop when the ELBO (fixed draws) rose by less than this
-                                        # at two evaluations in a row [C]
-    patience: int = 10                  # … for this many consecutive iterations [S AMB-12]
-    elbo_every: int = 50                # ELBO every this many iterations [S §4]
-    elbo_draws: int = 2000              # fixed draws per ELBO estimate [P §5; S §4]
-    snr_every: int | None = None        # replicate variance / SNR every this many [P §5.2; S §2.7]
-    snr_reps: int = 100                 # replicates R for it [S §5.2: the paper used 1000]
-    max_failed: float = 0.1             # failed-draw fraction per level before 'failed' [S §7.4]
-    warn_cost: bool = True              # warn when MLMC costs more than MC with N = N_0 [S §2.3(d)]
-    fullrank_diagonal: str = "log"      # the full-rank family's storage (fit builds it) [C]
-
-    def __post_init__(self) -> None:
-        for name, choices in (("estimator", ESTIMATORS), ("scheduler", SCHEDULERS),
-                              ("optimizer", ("sgd", "adam", "natural")),
-                              ("scale_param", SCALE_PARAMS), ("warm_start", ("none", "laplace")),
-                              ("init", ("zero", "random")),
-                              ("fullrank_diagonal", ("log", "stan"))):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"mlmcvi option {name}={getattr(self, name)!r} is not one of "
-                                 f"{list(choices)}")
-        for name in ("n0", "max_iters", "drop_every", "elbo_every", "elbo_draws", "snr_reps",
-                     "patience"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"mlmcvi option {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("baseline_draws", "restart_every", "snr_every"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"mlmcvi option {name} must be >= 1 or None, got {value}")
-        if not self.lr0 > 0:
-            raise ValueError(f"mlmcvi option lr0 must be > 0, got {self.lr0}")
-        if self.truncate is not None and not self.truncate > 0:
-            raise ValueError(f"mlmcvi option truncate must be > 0 or None, got {self.truncate}")
-        Scheduler(self.scheduler, self.beta, self.drop_every)   # checks beta
-
-    @property
-    def schedule(self) -> Scheduler:
-        return Scheduler(self.scheduler, self.beta, self.drop_every)
-
-
-PROFILES: dict[str, dict] = {
-    # what a user picking the method by name needs (issue T3-2 item 3): the paper's SGD with
-    # α₀ = 0.01 halved every 100 levels ended 424 nats short on a logistic regression (N = 2,000,
-    # D = 9) — its steps are in the model's units and die out by level 500.  Here: the Laplace
-    # warm start (as TrustVI), steps preconditioned by q's Fisher diagonal (natural-gradient
-    # SGD: a step of α is ~α q-sds, whatever the model's units), α₀ = 0.5 halved every 200
-    # levels, and, once it has dropped, a stop when the ELBO on its fixed 2,000 draws rose by
-    # less than 0.05 nat at two evaluations 25 levels apart
-    "default": {"warm_start": "laplace", "optimizer": "natural", "lr0": 0.5,
-                "drop_every": 200, "tol_elbo": 0.05, "elbo_every": 25},
-    "paper": {},                                           # §5.2: SGD + step decay 0.5 / 100
-    "hlr": {"lr0": 0.027026, "beta": 0.862527, "drop_every": 221},       # Table 3, HLR
-    "blr": {"lr0": 0.007438, "beta": 0.226316, "drop_every": 458},       # Table 3, BLR
-    "restart": {"restart_every": 100},                     # [EXT R1], spec §3.2
-}
-DEFAULT_PROFILE = "default"
 ESTIMATOR = "reparameterization"   # for the ELBO trace, the output draws and Fit.elbo(); the
                                    # method's gradients come from stanvi.estimators.mlmc
-SUPPORTS_MIXTURE = True   # family='mixture': levels of the RB gradient (stanvi.discrete.mixture_mlmc),
+SUPPORTS_MIXTURE = True   # family='mixture': levels of the RB gradient (stanvi.estimators.mixture_mlmc),
                           # from the family's estimator's ``multilevel``
 
 
@@ -161,7 +79,7 @@ class MLMCLedger(OracleLedger):
 @dataclass
 class _Optimizer:
     """SGD, θ − α_t G [P], or Adam fed with G at step size α_t [EXT E1; b1 = 0.9, b2 = 0.999,
-    eps = 1e-8, bias-corrected, AMB-14]."""
+    eps = 1e-8, bias-corrected, docs/mlmcvi.md#extensions]."""
 
     kind: str
     m: np.ndarray | None = None
@@ -236,15 +154,15 @@ def _elbo_rule(o: Options, t: int, elbo: float, params: np.ndarray, counters: di
         counters["certified_gain"] = gain
         if gain <= CERTIFY_GAIN:
             return ("converged", f"the ELBO rose by less than tol_elbo={o.tol_elbo:g} nats at "
-                                 f"two evaluations {o.elbo_every} levels apart, and a fresh "
-                                 f"{CERTIFY_DRAWS}-draw gradient predicts {gain:.2g} nats more "
-                                 f"(natural-gradient gain)")
+                    f"two evaluations {o.elbo_every} levels apart, and a fresh "
+                    f"{CERTIFY_DRAWS}-draw gradient predicts {gain:.2g} nats more "
+                    f"(natural-gradient gain)")
         counters["flat"] = 0   # a plateau of the SGD's noise, not the optimum: go on
     if counters["falling"] >= 3:
         return ("max_iters", f"the ELBO fell at three evaluations in a row (to {elbo:.6g}, "
-                             f"the best {counters['best'][0]:.6g}): the multilevel gradient's "
-                             f"accumulated error moves the iterates away from the optimum; the "
-                             f"best iterate is returned (method='trustvi' certifies its optimum)")
+                f"the best {counters['best'][0]:.6g}): the multilevel gradient's "
+                f"accumulated error moves the iterates away from the optimum; the "
+                f"best iterate is returned (method='trustvi' certifies its optimum)")
     return None
 
 
@@ -292,8 +210,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     if o.estimator == "mlmc" and o.warn_cost and ratio > 1.0 and o.restart_every is None:
         warnings.warn(f"mlmcvi: this schedule ({o.scheduler}, beta={o.beta:g}, "
                       f"r={o.drop_every}, T={T}) costs {ratio:.2f}x plain MC with N = N_0 = "
-                      f"{o.n0} (spec 2.6: MLMC is cheaper only when the mean of eta over the run "
-                      f"is below about 1/2)", StanviWarning, stacklevel=3)
+                      f"{o.n0} (docs/mlmcvi.md#cost: MLMC is cheaper only when the mean of eta "
+                      f"over the run is below about 1/2)", StanviWarning, stacklevel=3)
 
     mu0, init_source = context.initial_mean(o.init)
     params0 = np.asarray(family.initial_params(mu0, o.log_scale0), dtype=float)
@@ -391,14 +309,14 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         charge(stats)
         if not np.all(np.isfinite(G)):
             return StepOutcome(state, None, ("failed", f"non-finite gradient estimate at "
-                                                       f"iteration {t} (lr0 too large?)"))
+                                             f"iteration {t} (lr0 too large?)"))
         new_theta = opt.step(state.theta, G, alpha,
                              family.metric_scale(state.params) if o.optimizer == "natural"
                              else None)
         new_params = coords.to_family(new_theta)
         if not np.all(np.isfinite(new_params)) or divergence(family, new_params):
             return StepOutcome(state, None, ("failed", f"the iterate ran away at iteration {t} "
-                                                       f"(lr0 {o.lr0:g} too large?)"))
+                                             f"(lr0 {o.lr0:g} too large?)"))
         step_norm = float(np.linalg.norm(new_theta - state.theta))
         row.update(grad_norm=float(np.linalg.norm(G)), step_norm=step_norm)
         if o.estimator == "mlmc" and o.scale_param == "log" and mlrg.acc_coord is not None \
@@ -409,7 +327,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                 counters["collapse_t"] = t
                 warnings.warn(f"mlmcvi: the accumulated gradient error of a log-scale "
                               f"coordinate has s.d. {sd.max():.2f} > 1/3 at iteration {t}: its "
-                              f"scale may collapse (specs/mlmcvi.md 2.9); consider "
+                              f"scale may collapse (docs/mlmcvi.md#scale-collapse); consider "
                               f"restart_every=100, scale_param='direct' or a larger n0",
                               StanviWarning, stacklevel=4)
         stop = None
@@ -423,7 +341,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                 float(np.max(np.abs(new_theta - state.theta))) < o.tol * scale else 0
             if counters["calm"] >= o.patience:
                 stop = ("converged", f"parameter change below tol={o.tol:g} for "
-                                     f"{o.patience} iterations")
+                        f"{o.patience} iterations")
         return StepOutcome(State(new_params, new_theta, state.theta, G.copy()), row, stop)
 
     state0 = State(params0, theta0, theta0, None)

@@ -84,7 +84,7 @@ from stanvi.optim.steihaug import solve_steihaug
 from stanvi.optim.trust_region import (TRResult, newton_gain, scaled_problem,
                                        solve_dense_operator)
 
-ESTIMATOR = "reparameterization"   # stanvi.estimators.base.ESTIMATORS: what run() gets in context.estimator
+ESTIMATOR = "reparameterization"   # stanvi.estimators.registry.ESTIMATORS: what run() gets in context.estimator
 HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
 
 

@@ -10,8 +10,8 @@ transcription of SciPy's ``_minimize_lbfgsb`` loop for a function returning (f, 
 and no callback, with ``ScalarFunction``'s caching (f and g are evaluated again only at a point
 that differs from the last one).  ``tests/test_warm_start_lbfgsb.py`` checks that it gives
 ``scipy.optimize.minimize(..., jac=True, method="L-BFGS-B")``'s x, f, iterations and evaluation
-sequence exactly.  Where the module is not available in that form, or scipy.optimize is imported
-already, scipy.optimize.minimize is called.
+sequence exactly.  Where the module is not available in that form, scipy.optimize.minimize is
+called (one path after the other; a ``stop`` ends a path through its callback).
 
 The transcription is a generator (:func:`lbfgsb_points`): it yields each point where it needs
 (f, g) and is sent the pair back.  One path is driven by :func:`minimize_lbfgsb`; several
@@ -44,12 +44,13 @@ _LBFGSB_EXT = None
 
 
 def lbfgsb_extension():
-    """scipy.optimize._lbfgsb loaded without importing scipy.optimize, or None when it cannot be
-    (another interface, or scipy.optimize is imported anyway: then its minimize is as cheap)."""
+    """SciPy's L-BFGS-B extension: scipy.optimize's own copy when scipy.optimize is imported,
+    else loaded on its own without importing scipy.optimize; None when its interface is not the
+    one transcribed here (then SciPy's minimize runs, one path after the other)."""
     global _LBFGSB_EXT  # noqa: PLW0603
-    if "scipy.optimize" in sys.modules:
-        return None
     mod = sys.modules.get("scipy.optimize._lbfgsb") or _LBFGSB_EXT
+    if mod is None and "scipy.optimize" in sys.modules:
+        return None
     if mod is None:
         try:
             import glob  # noqa: PLC0415
@@ -225,23 +226,31 @@ class _Stopped(Exception):
 
 
 def _scipy_minimize(fun_and_grad, x0, stop, options: dict):
-    """scipy.optimize.minimize's L-BFGS-B, ended at the first new iterate ``stop`` accepts."""
+    """scipy.optimize.minimize's L-BFGS-B, ended at the first new iterate ``stop`` accepts (its
+    f and g are those of the last evaluation there: no evaluation is added)."""
     import scipy.optimize  # noqa: PLC0415
 
     last: dict = {}
 
+    def evaluated(x):
+        f, g = fun_and_grad(x)
+        last.update(x=np.array(x, copy=True), f=f, g=g)
+        return f, g
+
     def callback(xk):
-        if stop is not None and stop(np.array(xk, copy=True)):
-            last["x"] = np.array(xk, copy=True)
+        if stop(np.array(xk, copy=True)):
+            last["stop"] = np.array(xk, copy=True)
             raise _Stopped
 
     try:
-        return scipy.optimize.minimize(fun_and_grad, x0, jac=True, method="L-BFGS-B",
+        return scipy.optimize.minimize(evaluated, x0, jac=True, method="L-BFGS-B",
                                        callback=callback if stop is not None else None,
                                        options=options)
     except _Stopped:
-        f, g = fun_and_grad(last["x"])
-        return SimpleNamespace(x=last["x"], fun=f, jac=g, nit=-1, nfev=-1, status=STOPPED,
+        x = last["stop"]
+        f, g = ((last["f"], last["g"]) if np.array_equal(x, last.get("x"))
+                else fun_and_grad(x))
+        return SimpleNamespace(x=x, fun=f, jac=g, nit=-1, nfev=-1, status=STOPPED,
                                success=False)
 
 

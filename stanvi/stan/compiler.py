@@ -33,7 +33,7 @@ from stanvi.stan.toolchain import (GLUE_SOURCE, Toolchain, find_toolchain, glue_
                                    library_fingerprint)
 
 _BUILD_RECORD = "build.json"
-_PCH_HEADER = "stanvi_pch.hpp"
+PCH_HEADER = "stanvi_pch.hpp"
 # compile messages (start, end, cache hits at DEBUG) go to "stanvi.stan" (stanvi.log)
 logger = get_logger("stan")
 
@@ -168,7 +168,7 @@ def _load_record(entry: Path) -> CompiledModel | None:
         return None
 
 
-def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+def run_tool(cmd: list[str], what: str) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(cmd, capture_output=True, text=True)
     except OSError as exc:
@@ -187,17 +187,17 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
     with StageProgress(f"compiling {shown}", enabled=progress, logger=logger,
                        note=" (10-60 s; later runs use the cached library)") as bar:
         bar.stage("stanc")
-        _stanc(toolchain, stan_file, hpp, name, path)
+        run_stanc(toolchain, stan_file, hpp, name, path)
         library = entry / f"lib{name}.so"
         errors = []
         for exact in (True, False):
             bar.stage("C++ (exact Hessian-vector products)" if exact else
                       "C++ (finite-difference Hessian-vector products)")
-            flag_dir = _flag_set_dir(toolchain, tc_dir, exact, bar)
+            flag_dir = flag_set_dir(toolchain, tc_dir, exact, bar)
             obj = entry / ("model_exact.o" if exact else "model_fd.o")
-            result = _run([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch",
-                           "-include", str(flag_dir / _PCH_HEADER), "-x", "c++", "-c", str(hpp),
-                           "-o", str(obj)], "the C++ compiler")
+            result = run_tool([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch",
+                               "-include", str(flag_dir / PCH_HEADER), "-x", "c++", "-c", str(hpp),
+                               "-o", str(obj)], "the C++ compiler")
             if result.returncode != 0:
                 errors.append(result.stderr)
                 continue
@@ -210,34 +210,34 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
             obj.unlink(missing_ok=True)
             if link.returncode != 0:
                 raise StanCompileError(f"linking the model library for {shown} failed:\n"
-                                       f"{_tail(link.stderr)}", path=path)
+                                       f"{log_tail(link.stderr)}", path=path)
             os.replace(tmp, library)
             seconds = time.perf_counter() - start
             record = {"library": library.name, "name": name, "hvp_exact": exact,
                       "sha256": file_sha256(library), "compile_seconds": seconds,
                       "stanc_version": toolchain.stanc_version, "cxx": toolchain.cxx_version,
                       "static_runtime": static_runtime, "source": path}
-            _atomic_write(entry / _BUILD_RECORD, json.dumps(record, indent=1))
+            atomic_write(entry / _BUILD_RECORD, json.dumps(record, indent=1))
             return CompiledModel(library=library, name=name, stan_file=stan_file, hvp_exact=exact,
                                  compile_seconds=seconds, cached=False)
     raise StanCompileError(
         f"the C++ compiler rejected the code stanc generated for {shown} (a stanc or toolchain "
-        f"problem, not an error in your model):\n{_tail(errors[-1])}", path=path)
+        f"problem, not an error in your model):\n{log_tail(errors[-1])}", path=path)
 
 
 def _link(toolchain: Toolchain, out: Path, obj: Path, flag_dir: Path,
           static_runtime: bool) -> subprocess.CompletedProcess:
     """Link the model object and the glue into the shared library ``out``; ``static_runtime``:
     with a private C++ runtime and unwinder (see ``toolchain.STATIC_RUNTIME_FLAGS``)."""
-    return _run([toolchain.cxx, "-shared", "-o", str(out), str(obj), str(_glue_object(flag_dir)),
-                 *toolchain.link_flags(static_runtime)], "the linker")
+    return run_tool([toolchain.cxx, "-shared", "-o", str(out), str(obj), str(glue_object(flag_dir)),
+                     *toolchain.link_flags(static_runtime)], "the linker")
 
 
-def _stanc(toolchain: Toolchain, stan_file: Path, hpp: Path, name: str, path: str | None) -> None:
+def run_stanc(toolchain: Toolchain, stan_file: Path, hpp: Path, name: str, path: str | None) -> None:
     """Run stanc; on error raise StanCompileError carrying its message and location."""
     cmd = [str(toolchain.stanc), f"--name={name}_model", f"--o={hpp}"]
     cmd.append(f"--filename-in-msg={Path(path).name if path else name + '.stan'}")
-    result = _run(cmd + [str(stan_file)], "stanc")
+    result = run_tool(cmd + [str(stan_file)], "stanc")
     if result.returncode == 0:
         return
     message = (result.stderr or result.stdout).strip()
@@ -248,50 +248,50 @@ def _stanc(toolchain: Toolchain, stan_file: Path, hpp: Path, name: str, path: st
                            column=column, stanc_message=message)
 
 
-def _flag_set_dir(toolchain: Toolchain, tc_dir: Path, exact: bool, bar: StageProgress) -> Path:
+def flag_set_dir(toolchain: Toolchain, tc_dir: Path, exact: bool, bar: StageProgress) -> Path:
     """The precompiled header and glue object for one flag set, built once and shared."""
     flag_dir = tc_dir / ("exact" if exact else "fd")
     flag_dir.mkdir(parents=True, exist_ok=True)
     flags = toolchain.compile_flags(exact)
-    header = flag_dir / _PCH_HEADER
-    gch = flag_dir / (_PCH_HEADER + ".gch")
-    glue = _glue_object(flag_dir)
+    header = flag_dir / PCH_HEADER
+    gch = flag_dir / (PCH_HEADER + ".gch")
+    glue = glue_object(flag_dir)
     with lock_for(tc_dir, f"flags-{flag_dir.name}"):
         if not header.exists():
-            _atomic_write(header, "#include <stan/model/model_header.hpp>\n")
+            atomic_write(header, "#include <stan/model/model_header.hpp>\n")
         if not gch.exists():
             bar.stage("precompiling Stan headers (once per installation, ~40 s)")
             tmp = flag_dir / f".pch.{os.getpid()}.gch"
-            res = _run([toolchain.cxx, *flags, "-x", "c++-header", str(header), "-o", str(tmp)],
-                       "the C++ compiler")
+            res = run_tool([toolchain.cxx, *flags, "-x", "c++-header", str(header), "-o", str(tmp)],
+                           "the C++ compiler")
             if res.returncode != 0:
                 tmp.unlink(missing_ok=True)
-                raise ToolchainError(f"precompiling the Stan headers failed:\n{_tail(res.stderr)}")
+                raise ToolchainError(f"precompiling the Stan headers failed:\n{log_tail(res.stderr)}")
             os.replace(tmp, gch)
         if not glue.exists():
             bar.stage("compiling the stanvi bridge (once per installation, ~20 s)")
             tmp = flag_dir / f".glue.{os.getpid()}.o"
-            res = _run([toolchain.cxx, *flags, "-Winvalid-pch", "-include", str(header), "-c",
-                        str(GLUE_SOURCE), "-o", str(tmp)], "the C++ compiler")
+            res = run_tool([toolchain.cxx, *flags, "-Winvalid-pch", "-include", str(header), "-c",
+                            str(GLUE_SOURCE), "-o", str(tmp)], "the C++ compiler")
             if res.returncode != 0:
                 tmp.unlink(missing_ok=True)
-                raise ToolchainError(f"compiling the stanvi bridge failed:\n{_tail(res.stderr)}")
+                raise ToolchainError(f"compiling the stanvi bridge failed:\n{log_tail(res.stderr)}")
             os.replace(tmp, glue)
     return flag_dir
 
 
-def _glue_object(flag_dir: Path) -> Path:
+def glue_object(flag_dir: Path) -> Path:
     return flag_dir / f"stanvi_bridge-{glue_fingerprint()}.o"
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp")
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     os.replace(tmp, path)
 
 
-def _tail(text: str, lines: int = 30) -> str:
+def log_tail(text: str, lines: int = 30) -> str:
     """The last lines of a compiler log, where the actual error usually is."""
     kept = [ln for ln in text.strip().splitlines() if ln.strip()]
     return "\n".join(kept[-lines:])

@@ -32,8 +32,8 @@ from pathlib import Path
 from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.progress import StageProgress
 from stanvi.stan.cache import file_sha256, lock_for
-from stanvi.stan.compiler import (_PCH_HEADER, CompiledModel, _atomic_write, _flag_set_dir,
-                                  _glue_object, _run, _stanc, _tail)
+from stanvi.stan.compiler import (PCH_HEADER, CompiledModel, atomic_write, flag_set_dir,
+                                  glue_object, run_tool, run_stanc, log_tail)
 from stanvi.stan.toolchain import Toolchain, find_toolchain, glue_fingerprint, library_fingerprint
 
 SERVICES_SOURCE = Path(__file__).with_name("glue") / "stanvi_services.cpp"
@@ -63,12 +63,12 @@ def _ensure_services_object(toolchain: Toolchain, tc_dir: Path, flag_dir: Path, 
         if not obj.exists():
             bar.stage("compiling Stan's services (once per installation, a few minutes)")
             tmp = flag_dir / f".services.{os.getpid()}.o"
-            res = _run([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch",
-                        "-include", str(flag_dir / _PCH_HEADER), "-c", str(SERVICES_SOURCE),
-                        "-o", str(tmp)], "the C++ compiler")
+            res = run_tool([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch",
+                            "-include", str(flag_dir / PCH_HEADER), "-c", str(SERVICES_SOURCE),
+                            "-o", str(tmp)], "the C++ compiler")
             if res.returncode != 0:
                 tmp.unlink(missing_ok=True)
-                raise ToolchainError(f"compiling Stan's services failed:\n{_tail(res.stderr)}")
+                raise ToolchainError(f"compiling Stan's services failed:\n{log_tail(res.stderr)}")
             os.replace(tmp, obj)
     return obj
 
@@ -117,33 +117,33 @@ def _build(model: CompiledModel, entry: Path, tc_dir: Path, toolchain: Toolchain
     start = time.perf_counter()
     timings: dict[str, float] = {}
     with StageProgress(f"building Stan's services for {name}", enabled=progress) as bar:
-        flag_dir = _flag_set_dir(toolchain, tc_dir, exact, bar)
+        flag_dir = flag_set_dir(toolchain, tc_dir, exact, bar)
         t0 = time.perf_counter()
         services_obj = _ensure_services_object(toolchain, tc_dir, flag_dir, exact, bar)
         timings["services_object_seconds"] = time.perf_counter() - t0
         hpp = entry / "model.hpp"
         if not hpp.is_file():
             bar.stage("stanc")
-            _stanc(toolchain, entry / "model.stan", hpp, name, None)
+            run_stanc(toolchain, entry / "model.stan", hpp, name, None)
         bar.stage("C++ (model)")
         t0 = time.perf_counter()
         obj = entry / f".model_services.{os.getpid()}.o"
-        res = _run([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch", "-include",
-                    str(flag_dir / _PCH_HEADER), "-x", "c++", "-c", str(hpp), "-o", str(obj)],
-                   "the C++ compiler")
+        res = run_tool([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch", "-include",
+                        str(flag_dir / PCH_HEADER), "-x", "c++", "-c", str(hpp), "-o", str(obj)],
+                       "the C++ compiler")
         timings["model_object_seconds"] = time.perf_counter() - t0
         if res.returncode != 0:
             obj.unlink(missing_ok=True)
             raise StanCompileError(f"compiling {name} for the services library failed:\n"
-                                   f"{_tail(res.stderr)}")
+                                   f"{log_tail(res.stderr)}")
         bar.stage("linking")
         t0 = time.perf_counter()
         library = entry / f"lib{name}_services-{key}.so"
         tmp = entry / f".lib{name}_services.{os.getpid()}.so"
 
         def link(static: bool):
-            return _run([toolchain.cxx, "-shared", "-o", str(tmp), str(obj), str(services_obj),
-                         str(_glue_object(flag_dir)), *toolchain.link_flags(static)], "the linker")
+            return run_tool([toolchain.cxx, "-shared", "-o", str(tmp), str(obj), str(services_obj),
+                             str(glue_object(flag_dir)), *toolchain.link_flags(static)], "the linker")
 
         result = link(static_runtime)
         if result.returncode != 0 and static_runtime:
@@ -154,7 +154,7 @@ def _build(model: CompiledModel, entry: Path, tc_dir: Path, toolchain: Toolchain
         if result.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise StanCompileError(f"linking the services library for {name} failed:\n"
-                                   f"{_tail(result.stderr)}")
+                                   f"{log_tail(result.stderr)}")
         os.replace(tmp, library)
         for old in entry.glob(f"lib{name}_services-*.so"):  # earlier builds (other keys)
             if old != library:
@@ -163,5 +163,5 @@ def _build(model: CompiledModel, entry: Path, tc_dir: Path, toolchain: Toolchain
               "hvp_exact": exact, "static_runtime": static_runtime,
               "services_source": services_fingerprint(),
               "build_seconds": time.perf_counter() - start, **timings}
-    _atomic_write(entry / _RECORD, json.dumps(record, indent=1))
+    atomic_write(entry / _RECORD, json.dumps(record, indent=1))
     return library

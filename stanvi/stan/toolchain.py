@@ -1,6 +1,6 @@
 """Finding the Stan toolchain: stanc, the Stan C++ headers and libraries, and a C++ compiler.
 
-stanvi needs no download at install or run time (DESIGN.md, "Decisions"): the `httpstan` wheel on
+stanvi needs no download at install or run time (docs/architecture.md#decisions): the `httpstan` wheel on
 PyPI ships `stanc` and the Stan, Stan Math, Eigen, Boost, TBB and Sundials headers and libraries.
 This module finds them inside the installed package and describes the compile flags that every
 model library and the glue object share.

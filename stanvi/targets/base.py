@@ -1,4 +1,4 @@
-"""The Target protocol: what every variational method may ask of a model (DESIGN.md, data flow).
+"""The Target protocol: what every variational method may ask of a model (docs/architecture.md#targets).
 
 A target is a log density ``log p(z)`` on an unconstrained space R^D (Jacobian included, as
 Stan's ``log_prob<propto=false, jacobian=true>``), evaluated over a *batch* of points at once.

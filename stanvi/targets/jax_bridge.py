@@ -1,4 +1,4 @@
-"""The JAX bridge: a batched Target as a JAX-differentiable log density (DESIGN.md, data flow).
+"""The JAX bridge: a batched Target as a JAX-differentiable log density (docs/architecture.md#data-flow).
 
 ``log_density = jax_log_density(target)`` gives a function of one unconstrained point z (D,) that
 ``jax.jit``, ``jax.vmap``, ``jax.grad`` and ``jax.jvp(jax.grad(...))`` all work on:

@@ -1,5 +1,5 @@
 """StanBlockTarget: a Stan model with data split into row blocks, as a subsampled target
-(specs/joint_control_variate.md §7.1; docs/jointcv.md#block-scheme).
+(docs/jointcv.md#block-scheme).
 
 A compiled model cannot swap its data, so the rows of the observation variables are split once
 into M near-equal blocks (a fixed random permutation, sizes within 1) and one model instance is
@@ -11,8 +11,8 @@ of block β's instance and lp_0 the prior instance's (both Jacobian-adjusted, al
 when the model's log density is additive over the row split.  That is validated at
 construction: equal parameter dimensions for every instance, then the value and gradient of
 ``lp_0 + Σ_β (lp_β − lp_0)`` against a full-data instance at three random points, relative to
-the summed magnitudes of the added terms (rtol 1e-8, spec §7.1 with its review's scale-robust
-tolerance).  A model that does not decompose — transformed data computed from all rows,
+the summed magnitudes of the added terms (rtol 1e-8; docs/jointcv.md#block-scheme says why not
+relative to lp_full).  A model that does not decompose — transformed data computed from all rows,
 per-observation parameters, ``int<lower=1> N``, a likelihood coupling rows (a GP) — raises
 :class:`BlockDecompositionError` naming the failed check and what to do instead.
 
@@ -42,10 +42,11 @@ _ADVICE = ("Either edit the model so its log density is a sum over rows plus a r
 
 
 class BlockDecompositionError(VIError):
-    """The model's log density does not split over blocks of rows (spec §7.1).  ``check`` names
-    the failed check: 'rows' (no observation variable), 'construction' (an instance could not be
-    built, e.g. N = 0 rejected), 'dimension' (parameters depend on N), 'value additivity',
-    'gradient additivity', 'evaluation' (an instance throws where the full data does not)."""
+    """The model's log density does not split over blocks of rows (docs/jointcv.md#block-scheme).
+    ``check`` names the failed check: 'rows' (no observation variable), 'construction' (an
+    instance could not be built, e.g. N = 0 rejected), 'dimension' (parameters depend on N),
+    'value additivity', 'gradient additivity', 'evaluation' (an instance throws where the full
+    data does not)."""
 
     def __init__(self, message: str, *, check: str) -> None:
         super().__init__(message)
@@ -250,7 +251,7 @@ class StanBlockTarget:
 
     # ------------------------------------------------------------------ validation
     def _validate(self, rtol: float, seed: int) -> dict[str, float]:
-        """Spec §7.1: value and gradient additivity at three random points."""
+        """docs/jointcv.md#block-scheme: value and gradient additivity at three random points."""
         rng = np.random.default_rng(seed + 7)
         worst = {"value": 0.0, "gradient": 0.0}
         checked = 0

@@ -1,4 +1,4 @@
-"""StanTarget: a compiled Stan model with its data, as a batched Target (DESIGN.md, "Targets").
+"""StanTarget: a compiled Stan model with its data, as a batched Target (docs/architecture.md#targets).
 
 Log densities are Stan's ``log_prob<propto=false, jacobian=true>`` on the unconstrained space
 (docs/algorithms.md#elbo), so ELBO values keep every constant.  Batches are one

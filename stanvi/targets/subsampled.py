@@ -1,17 +1,17 @@
 """Data-subsampled targets: a log joint that is a finite sum over data (or blocks of data) with a
 shared global parameter, the structure doubly-stochastic VI needs
-(specs/joint_control_variate.md §1.1; Wang, Geffner & Domke 2024, Eq. 3).
+(docs/jointcv.md#model; Wang, Geffner & Domke 2024, Eq. 3).
 
 ``log p(x, z) = log p0(z) + Σ_{n=1}^N ℓ_n(z)``.  A subsampled target exposes the paper's
-per-term *scaled negative log joint*, with the sign fixed as in spec §8 item 1,
+per-term *scaled negative log joint*, with the sign fixed as in docs/jointcv.md#sign-fix,
 
     k_n(z) = −N·ℓ_n(z) − log p0(z),   so that   (1/N) Σ_n k_n(z) = −log p(x, z),
 
 through its gradients and Hessian-vector products for a set of term indices (at one shared point
 or at one point per index), and its full-data gradient ``(1/N) Σ_n ∇k_n(z) = −∇log p(x, z)``.
 A "term" is a datum here (:class:`JaxPerDatumTarget`) and a block of rows for Stan models
-(:class:`stanvi.targets.stan_blocks.StanBlockTarget`, spec §7.1: blocks play the data's role and
-their number M plays N's).
+(:class:`stanvi.targets.stan_blocks.StanBlockTarget`, docs/jointcv.md#block-scheme: blocks play
+the data's role and their number M plays N's).
 
 Every call is counted (:class:`SubsampledCounter`) per term gradient and per term HVP; a
 full-data gradient counts once as a full pass.  The targets are also ordinary full-data
@@ -171,7 +171,8 @@ class JaxPerDatumTarget(JaxTarget):
 def logistic_regression_target(X: np.ndarray, y: np.ndarray, *, prior_sd: float = 1.0,
                                name: str = "logistic_regression") -> JaxPerDatumTarget:
     """Bayesian logistic regression ``y_n ~ Bernoulli(sigmoid(x_nᵀz))``, ``z ~ N(0, prior_sd²I)``,
-    no intercept: the Sonar/Australian model of the joint-CV paper (spec §5.1), per datum."""
+    no intercept: the Sonar/Australian model of the joint-CV paper
+    (docs/jointcv.md#simulated-data), per datum."""
     X = np.asarray(X, dtype=float)
     y = np.asarray(y, dtype=float)
     log_norm = -0.5 * X.shape[1] * np.log(2 * np.pi * prior_sd ** 2)

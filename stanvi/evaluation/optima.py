@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-MODELS_DIR = Path(__file__).resolve().parents[2] / "stan_models"
+from stanvi.evaluation.models import MODELS_DIR
 """The repository's stan_models directory (where names are looked up)."""
 
 SUFFIX = ".optimum.json"
@@ -196,7 +196,7 @@ def numerical_optimum(target) -> dict:
     ``elbo`` None with a ``reason`` where the ELBO is −∞)."""
     import scipy.optimize  # noqa: PLC0415
 
-    from stanvi.estimators.base import estimator_for  # noqa: PLC0415
+    from stanvi.estimators.registry import estimator_for  # noqa: PLC0415
     from stanvi.families import MeanField  # noqa: PLC0415
 
     dim = target.dim

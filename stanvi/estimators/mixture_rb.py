@@ -1,6 +1,6 @@
 """The ELBO gradient of the Gaussian-mixture family (:class:`~stanvi.families.mixture.
-GaussianMixture`), with the Rao-Blackwellized estimator for the component choice (spec
-``rao_blackwellized_discrete.md`` §5a; Liu et al. 2019).
+GaussianMixture`), with the Rao-Blackwellized estimator for the component choice
+(docs/discrete.md#mixture-estimator; Liu et al. 2019).
 
 ``ELBO(λ) = Σ_c w_c F(c)``, ``F(c) = E_{e~N(0,I)} h(m_c + L_c e)``, ``h(θ) = log p(θ) − log q_λ(θ)``.
 The component index is the discrete variable: ``f_λ(c) = F̂_c``, the mean of h over S
@@ -26,9 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from stanvi.discrete.rao_blackwell import budget_columns, fixed_columns, reinforce
 from stanvi.errors import VIError
-from stanvi.estimators.elbo import CompiledByShape, _PaddedRows
+from stanvi.estimators.elbo import CompiledByShape, PaddedRows
+from stanvi.estimators.mixture_mlmc import mixture_multilevel
+from stanvi.estimators.mixture_surrogate import columns, surrogate
 
 GRAD_RETRIES = 10
 GRAD_OK, GRAD_DROP_LIMIT, GRAD_NAN = 0, 1, 2   # as stanvi.estimators.stan_advi
@@ -40,7 +41,7 @@ UNSUPPORTED = {
                "score-function (Rao-Blackwellized) estimate with no HVP on fixed draws",
     "hfsgvi": "HFSGVI (Hessian-free Newton) needs Hessian-vector products of the ELBO on fixed "
               "draws, which the mixture's discrete component choice does not have",
-    "jointcv": "the joint control variate (specs/joint_control_variate.md §2.1-2.2) is a "
+    "jointcv": "the joint control variate (docs/jointcv.md#joint-estimator) is a "
                "Taylor expansion of each data term k_n around one Gaussian's mean, "
                "z - mu = sigma*eps, whose HVP term has mean zero in eps and whose table mean "
                "G = (1/N) sum_n grad k_n(mu_n) is its closed-form expectation; under a mixture "
@@ -65,13 +66,6 @@ def draws_per_gradient(family, n: int) -> int:
     return family.draws_per_gradient(n)
 
 
-def _columns(family, key, log_w):
-    C, M = family.n_components, family.budget
-    if M >= C:
-        return fixed_columns(key, log_w, C)
-    return budget_columns(key, log_w, M, family.budget_rule, family.mass_tol, family.rb_k)
-
-
 def mixture_calc_grad(family, log_density: Callable, n: int) -> Callable:
     """``gradient(params, key) -> (g, kind, dropped, evaluated)``: the ELBO gradient estimate
     (module docstring) with the signature of :func:`stanvi.estimators.stan_advi.stan_calc_grad`,
@@ -83,7 +77,7 @@ def mixture_calc_grad(family, log_density: Callable, n: int) -> Callable:
 
     def gradient(params, key):
         key_cols, key_eps = jax.random.split(key)
-        cols = _columns(family, key_cols, jax.lax.stop_gradient(family.log_weights(params)))
+        cols = columns(family, key_cols, jax.lax.stop_gradient(family.log_weights(params)))
         idx = jnp.repeat(cols.idx, S)                       # (M·S,) the component of each slot
 
         def cond(c):
@@ -117,23 +111,6 @@ def mixture_calc_grad(family, log_density: Callable, n: int) -> Callable:
     return gradient
 
 
-def surrogate(lam, family, cols, eps, lp, g, ok=None):
-    """The RB surrogate of the mixture ELBO at λ = ``lam`` (its gradient is the estimate) for
-    the columns ``cols`` (:class:`~stanvi.discrete.rao_blackwell.Columns` over components) and
-    the base draws ``eps`` (M, S, D) of each column, given log p (M, S) and its gradient
-    (M, S, D) at the draws (log p enters linearized there: value ``lp``, gradient
-    ``g·∂z/∂λ``); ``ok`` (M, S) masks failed draws out of F̂ (None: all valid)."""
-    M, S, D = eps.shape
-    idx = jnp.repeat(cols.idx, S)
-    z = family.component_sample(lam, idx, eps.reshape(M * S, D))
-    log_p = lp.reshape(-1) + jnp.sum(g.reshape(-1, D) * (z - jax.lax.stop_gradient(z)), axis=1)
-    h = log_p - family.log_q(lam, z)
-    if ok is not None:
-        h = jnp.where(ok.reshape(-1), h, 0.0)
-    fv = jnp.mean(h.reshape(M, S), axis=1)           # F̂ per column
-    return reinforce("loo").surrogate(family.log_weights(lam), cols, fv, fv[:0], None)
-
-
 def exact_log_p(family, log_density: Callable, params, cols, eps):
     """log p and its gradient at the columns' draws (M, S) and (M, S, D), for :func:`surrogate`
     without the drop-and-redraw loop (tests, benchmarks)."""
@@ -165,9 +142,7 @@ class MixtureEstimator:
                    truncate: float | None = None, max_fail: float = 0.1,
                    snr_every: int | None = None):
         """MLMCVI's multilevel gradient for this family
-        (:func:`stanvi.discrete.mixture_mlmc.mixture_multilevel`)."""
-        from stanvi.discrete.mixture_mlmc import mixture_multilevel  # noqa: PLC0415  (cycle)
-
+        (:func:`stanvi.estimators.mixture_mlmc.mixture_multilevel`)."""
         return mixture_multilevel(target, self.family, seed=seed, scale_param=scale_param,
                                   truncate=truncate, max_fail=max_fail, snr_every=snr_every)
 
@@ -188,9 +163,9 @@ class MixtureEstimator:
         self._log_p_and_q = CompiledByShape(log_p_and_q)
         self._pair_differences = CompiledByShape(pair_differences)
         self._compiled = (self._values, self._log_p_and_q, self._pair_differences)
-        self._rows = {"values": _PaddedRows(self._values, 1, counter),
-                      "log_p_and_q": _PaddedRows(self._log_p_and_q, 1, counter),
-                      "pair_differences": _PaddedRows(self._pair_differences, 2, counter)}
+        self._rows = {"values": PaddedRows(self._values, 1, counter),
+                      "log_p_and_q": PaddedRows(self._log_p_and_q, 1, counter),
+                      "pair_differences": PaddedRows(self._pair_differences, 2, counter)}
         self.bucketing = bool(bucketing)
 
     @property
@@ -214,7 +189,7 @@ class MixtureEstimator:
     def values_and_grads(self, params, eps, *, bucketed: bool = False):
         raise VIError("the mixture family has no per-draw reparameterization gradient (the "
                       "component choice is discrete): use its Rao-Blackwellized gradient, "
-                      "stanvi.discrete.mixture_elbo.mixture_calc_grad (method='advi')")
+                      "stanvi.estimators.mixture_rb.mixture_calc_grad (method='advi')")
 
     def hvp(self, params, eps, direction):
         raise VIError("the mixture family has no Hessian-vector products of the ELBO on fixed "

@@ -1,5 +1,6 @@
-"""MLMCVI's multilevel gradient for the Gaussian-mixture family (specs/mlmcvi.md §2.1–§2.2,
-§2.7 with the per-level gradient of spec ``rao_blackwellized_discrete.md`` §5a).
+"""MLMCVI's multilevel gradient for the Gaussian-mixture family (docs/mlmcvi.md#mixture;
+docs/mlmcvi.md#levels, docs/mlmcvi.md#update-rule and docs/mlmcvi.md#diagnostics with the
+Rao-Blackwellized per-level gradient of docs/discrete.md).
 
 The MLRG of Fujisawa & Sato needs only an unbiased per-draw gradient g_λ(ξ) of the free energy
 F = −ELBO whose randomness ξ does not depend on λ, so that a level difference
@@ -7,7 +8,7 @@ F = −ELBO whose randomness ξ does not depend on λ, so that a level differenc
 picks the evaluated components (the Prop. 2 budget columns: the k̂ heaviest summed, the rest
 drawn from the remainder; every component when the family is exact) and the base draws
 ε (M, D) of the evaluated components; g_λ(ξ) is minus the gradient of the Rao-Blackwellized
-surrogate (:func:`stanvi.discrete.mixture_elbo.surrogate`) with one draw per component.  It is
+surrogate (:func:`stanvi.estimators.mixture_surrogate.surrogate`) with one draw per component.  It is
 unbiased for ∇F(λ) for every λ, so each level's mean is unbiased for its increment and the
 telescoping sum G_t is unbiased in total expectation, as for the Gaussian families.  The
 coupling is as tight as for a Gaussian while the columns do not change between λ_{t−1} and λ_t
@@ -16,7 +17,8 @@ changes the columns and makes that pair's difference O(1) (still unbiased).
 
 The coordinates are the family's own parameters (log scales: ``scale_param='log'`` only).  A
 draw whose model value or gradient is not finite is replaced by a fresh one (both members of a
-pair), MLMCVI's failed-draw rule (spec §7.4), through :func:`stanvi.estimators.mlmc._collect`.
+pair), MLMCVI's failed-draw rule (docs/mlmcvi.md#failed-draws), through
+:func:`stanvi.estimators.mlmc.collect_rows`.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stanvi.discrete.mixture_elbo import _columns, surrogate
+from stanvi.estimators.mixture_surrogate import columns, surrogate
 from stanvi.errors import VIError
-from stanvi.estimators.mlmc import LevelStats, LevelVarianceSum, _collect, _stats
+from stanvi.estimators.mlmc import LevelStats, LevelVarianceSum, collect_rows, level_stats
 
 
 class MixtureCoordinates:
@@ -67,7 +69,7 @@ def free_energy_rows(family, log_density: Callable) -> Callable:
 
     def rows(params, key, eps):
         n = eps.shape[0]
-        cols = _columns(family, key, jax.lax.stop_gradient(family.log_weights(params)))
+        cols = columns(family, key, jax.lax.stop_gradient(family.log_weights(params)))
         e = jnp.swapaxes(eps, 0, 1)                                   # (M, n, D)
         z = family.component_sample(params, jnp.repeat(cols.idx, n), e.reshape(M * n, D))
         lp, g = lp_and_grad(z)
@@ -124,9 +126,9 @@ class MixtureMultilevel(LevelVarianceSum):
             rows, ok = jax.device_get(self._rows(params, key, jnp.asarray(eps)))
             return np.asarray(rows), np.asarray(ok)
 
-        rows, evaluated, redrawn = _collect(evaluate, self._draw(draw), n, M, self.max_fail,
-                                            "a level-0 mixture gradient")
-        return _stats(rows, evaluated, redrawn)
+        rows, evaluated, redrawn = collect_rows(evaluate, self._draw(draw), n, M, self.max_fail,
+                                                "a level-0 mixture gradient")
+        return level_stats(rows, evaluated, redrawn)
 
     def difference(self, theta, theta_prev, draw, n: int) -> LevelStats:
         """mean over n slots of g_{θ_t}(ξ) − g_{θ_{t−1}}(ξ), the same ξ in both."""
@@ -139,9 +141,9 @@ class MixtureMultilevel(LevelVarianceSum):
             r0, ok0 = jax.device_get(self._rows(old, key, e))
             return np.asarray(r1) - np.asarray(r0), np.asarray(ok1) & np.asarray(ok0)
 
-        rows, evaluated, redrawn = _collect(evaluate, self._draw(draw), n, 2 * M, self.max_fail,
-                                            "a mixture level difference")
-        return _stats(rows, evaluated, redrawn)
+        rows, evaluated, redrawn = collect_rows(evaluate, self._draw(draw), n, 2 * M, self.max_fail,
+                                                "a mixture level difference")
+        return level_stats(rows, evaluated, redrawn)
 
 
     def start(self, theta, draw, n0: int) -> LevelStats:

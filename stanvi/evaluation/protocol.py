@@ -1,7 +1,7 @@
 """The TrustVI paper's benchmark protocol (Regier, Jordan & McAuliffe 2017, §5;
 docs/algorithms.md#benchmark-protocol), the one home of its rules: shared by ``stanvi bench
-methods`` (:mod:`stanvi.bench.methods_bench`), ``stanvi bench stopping`` and the batch report
-(:mod:`stanvi.batch.summary`).
+methods`` (:mod:`stanvi.bench.methods_bench`), ``stanvi bench stopping``, ``stanvi bench peers``
+and the batch runs and report (:mod:`stanvi.batch.child`, :mod:`stanvi.batch.summary`).
 
 * A run is summarized as a :class:`RunSummary`: its final ELBO on draws common to every run of
   the model (a failed run is −∞) and evaluation ELBOs at trace points, each with its iteration,
@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RunSummary", "first_consistent", "median_run", "protocol_pair"]
+from stanvi.estimators.elbo import mean_of_valid
+
+__all__ = ["RunSummary", "first_consistent", "median_run", "protocol_pair", "summarize_run"]
 
 
 @dataclass
@@ -85,3 +87,54 @@ def protocol_pair(a: RunSummary, b: RunSummary) -> dict[str, Any]:
     ratio = rb / ra if ra > 0 else math.inf
     return {"quality": quality, "threshold": thr, "oracle_a": ra, "oracle_b": rb,
             "ratio": ratio, "excluded": excluded}
+
+
+def _log_spaced(n: int, k: int) -> np.ndarray:
+    if n <= k:
+        return np.arange(n)
+    idx = np.unique(np.round(np.geomspace(1, n, k)).astype(int) - 1)
+    return np.unique(np.concatenate([[0], idx, [n - 1]]))
+
+
+def _evaluate(est, params, eps, screen: int = 200) -> float:
+    """The ELBO estimate at ``params`` with the fixed draws ``eps``.  Draws where the model
+    cannot be evaluated (a ``reject()``, a domain error) are dropped, as Stan's ADVI does in
+    its ELBO (docs/algorithms.md#failed-draws); if more than half of them fail, −inf.
+
+    The first ``screen`` draws are evaluated first and a point where most of them fail is −inf
+    at once: in the long benchmark process a C++ exception from the model cost about 1 ms
+    (17.7 µs in a fresh process; the unwinder slows with every XLA compilation, 29.8 µs after
+    300), so 2,000 throwing draws at each of 60 trace points of a diverged run took minutes."""
+    head = np.asarray(est.values(params, eps[:screen]))
+    if np.isfinite(head).sum() * 2 < len(head) * 0.8:  # well below half: no need for the rest
+        return -math.inf
+    vals = np.concatenate([head, np.asarray(est.values(params, eps[screen:]))]) \
+        if len(eps) > screen else head
+    return mean_of_valid(vals, len(vals) // 2 + 1)   # more than half finite
+
+
+def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> RunSummary:
+    """A fit as a :class:`RunSummary`: its final ELBO on ``eps_final`` (−inf when it failed) and
+    the evaluation ELBO on ``eps_eval`` at up to ``trace_points`` log-spaced trace rows."""
+    est = fit._estimator
+    tr = fit.trace
+    kept = tr.kept_rows()
+    idx = kept[_log_spaced(len(kept), trace_points)]
+    elbos = np.array([_evaluate(est, tr.params_at(int(i)), eps_eval) for i in idx])
+    col = lambda name: tr.column(name)[idx]  # noqa: E731
+    draws = (col("gradient_draws") + col("hvp_draws") + col("log_density_draws")
+             + np.nan_to_num(col("screening_draws")) + np.nan_to_num(col("redrawn_draws")))
+    final = -math.inf if fit.status == "failed" else _evaluate(est, fit.params, eps_final)
+    o = fit.oracle
+    return RunSummary(config=config, seed=fit.seed, status=fit.status, final_elbo=final,
+                      iterations=len(tr) - 1, oracle=o["oracle_scaled"],
+                      draw_evals=int(o["gradient_draws"] + o["hvp_draws"] + o["log_density_draws"]
+                                     + o.get("screening_draws", 0) + o.get("redrawn_draws", 0)),
+                      wall=fit.wall_time - fit.compile_time, trace_iter=idx,
+                      trace_oracle=col("oracle_scaled"), trace_draws=draws,
+                      trace_wall=col("wall_time") - np.nan_to_num(col("compile_time")),
+                      trace_elbo=elbos,
+                      grad_draws=int(o["gradient_draws"] + o.get("redrawn_draws", 0)),
+                      hvp_draws=int(o["hvp_draws"]),
+                      ld_draws=int(o["log_density_draws"] + o.get("screening_draws", 0)),
+                      model_seconds=float(fit.info.get("model_seconds", np.nan)))
