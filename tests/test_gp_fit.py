@@ -205,7 +205,7 @@ def test_qsgp_small_regression_reaches_the_exact_posterior_mean():
     σ = 0.1, m~ = n~ = 100, 2·10⁴ AdaGrad steps at a constant lr 0.1, no control variate):
     the predictive mean's relative error to the exact posterior's is below 0.1 (measured 0.060;
     the design prototype's 0.059), and far below where it started (1.0 at μ = 0)."""
-    from stanvi.gp.bench import simulate
+    from stanvi.bench.qsgp_bench import simulate
 
     X, y, _ = simulate(6000, "gaussian", seed=0, d=2)
     model = gp.rff_regression(X[:5000], y[:5000], m=500, lengthscale=0.5, noise=0.01)

@@ -255,7 +255,7 @@ def run_bench(args: argparse.Namespace) -> int:
         rb_bench.run(Path(args.models_dir), seeds=args.seeds, output=args.output)
         return 0
     if args.what == "qsgp":
-        from stanvi.gp import bench as gp_bench  # noqa: PLC0415
+        from stanvi.bench import qsgp_bench as gp_bench  # noqa: PLC0415
 
         parts = args.models.split(",") if args.models else ["steps", "cv", "small", "accuracy"]
         unknown = sorted(set(parts) - {"steps", "cv", "small", "accuracy", "walltime", "rvm"})

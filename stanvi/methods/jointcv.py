@@ -37,6 +37,7 @@ from stanvi.estimators.registry import SUBSAMPLED_ESTIMATORS, make_estimator
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  iterate, purpose_key)
 from stanvi.methods.checks import divergence
+from stanvi.optim.first_order import AdamState, adam_update, heavy_ball
 
 
 @dataclass(frozen=True)
@@ -135,29 +136,22 @@ class DataLedger(OracleLedger):
 
 @dataclass
 class Optimizer:
-    """SGD (optional heavy-ball momentum) or Adam with optax's defaults (b1 = 0.9,
-    b2 = 0.999, eps = 1e-8, bias-corrected; Kingma & Ba 2015), in NumPy on the host."""
+    """SGD (optional heavy-ball momentum) or Adam with optax's defaults
+    (:mod:`stanvi.optim.first_order`), in NumPy on the host."""
 
     kind: str
     lr: float
     momentum: float = 0.0
-    m: np.ndarray | None = None
-    v: np.ndarray | None = None
-    t: int = 0
+    velocity: np.ndarray | None = None
+    adam: AdamState = AdamState()
 
     def step(self, params: np.ndarray, g: np.ndarray) -> np.ndarray:
-        self.t += 1
         if self.kind == "sgd":
             if self.momentum:
-                self.m = g if self.m is None else self.momentum * self.m + g
-                g = self.m
+                self.velocity = g = heavy_ball(g, self.velocity, self.momentum)
             return params - self.lr * g
-        b1, b2, eps = 0.9, 0.999, 1e-8
-        self.m = (1 - b1) * g if self.m is None else b1 * self.m + (1 - b1) * g
-        self.v = (1 - b2) * g * g if self.v is None else b2 * self.v + (1 - b2) * g * g
-        m_hat = self.m / (1 - b1 ** self.t)
-        v_hat = self.v / (1 - b2 ** self.t)
-        return params - self.lr * m_hat / (np.sqrt(v_hat) + eps)
+        update, self.adam = adam_update(g, self.adam, self.lr)
+        return params + update
 
 
 @dataclass

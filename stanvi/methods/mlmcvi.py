@@ -48,6 +48,7 @@ from stanvi.methods.checks import divergence
 from stanvi.methods.mlmcvi_options import (DEFAULT_PROFILE, ESTIMATORS,  # noqa: F401
                                            PROFILES, Options)
 from stanvi.methods.warm_start import laplace_start
+from stanvi.optim.first_order import AdamState, adam_update
 
 ESTIMATOR = "reparameterization"   # for the ELBO trace, the output draws and Fit.elbo(); the
                                    # method's gradients come from stanvi.estimators.mlmc
@@ -78,13 +79,11 @@ class MLMCLedger(OracleLedger):
 
 @dataclass
 class _Optimizer:
-    """SGD, θ − α_t G [P], or Adam fed with G at step size α_t [EXT E1; b1 = 0.9, b2 = 0.999,
-    eps = 1e-8, bias-corrected, docs/mlmcvi.md#extensions]."""
+    """SGD, θ − α_t G [P], natural-gradient SGD [C], or Adam fed with G at step size α_t
+    [EXT E1, docs/mlmcvi.md#extensions; :mod:`stanvi.optim.first_order`]."""
 
     kind: str
-    m: np.ndarray | None = None
-    v: np.ndarray | None = None
-    t: int = 0
+    adam: AdamState = AdamState()
 
     def step(self, theta: np.ndarray, g: np.ndarray, lr: float,
              fisher_scale: np.ndarray | None = None) -> np.ndarray:
@@ -92,13 +91,8 @@ class _Optimizer:
             return theta - lr * g
         if self.kind == "natural":   # θ − α F⁻¹G, F = diag(fisher_scale²) (Amari 1998)
             return theta - lr * g / (fisher_scale * fisher_scale)
-        self.t += 1
-        b1, b2, eps = 0.9, 0.999, 1e-8
-        self.m = (1 - b1) * g if self.m is None else b1 * self.m + (1 - b1) * g
-        self.v = (1 - b2) * g * g if self.v is None else b2 * self.v + (1 - b2) * g * g
-        m_hat = self.m / (1 - b1 ** self.t)
-        v_hat = self.v / (1 - b2 ** self.t)
-        return theta - lr * m_hat / (np.sqrt(v_hat) + eps)
+        update, self.adam = adam_update(g, self.adam, lr)
+        return theta + update
 
 
 class State(NamedTuple):
