@@ -21,9 +21,11 @@ demo: venv
 	$(PY) -m stanvi.demo
 
 # Two test processes (pytest-xdist): the suite is mostly single-threaded Python and the CI machine
-# has 2 cores; Stan compiles are shared through the on-disk cache's locks.
+# has 2 cores; Stan compiles are shared through the on-disk cache's locks.  ``worksteal``: a
+# process that runs out of tests takes queued ones from the other (a fresh clone's first tests
+# wait on compiles of very different lengths).
 test: venv
-	$(PY) -m pytest tests -q -rs -n 2 --durations=25
+	$(PY) -m pytest tests -q -rs -n 2 --dist worksteal --durations=25
 
 bench: venv
 	$(VENV)/bin/stanvi bench target
