@@ -24,61 +24,39 @@ then steps.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from stanvi.families.gaussian import FullRank, MeanField
 
 
 # ------------------------------------------------------------------------- family pieces
+# The reparameterization is the family's (its NumPy pieces, stanvi.families.host_math); these
+# turn its ELBO-gradient pullbacks (for g = ∇log p) into the −ELBO gradients of the terms
+# k_n (g = −∇k_n), docs/jointcv.md#noise-sources.
+def _host(family):
+    if not hasattr(family, "pullback_rows_at"):
+        raise TypeError(f"doubly-stochastic estimators support Gaussian families, not {family!r}")
+    return family
+
+
 def noise(family, params: np.ndarray, eps: np.ndarray) -> np.ndarray:
     """T_w(ε) − μ for each row of ``eps`` (b, d): σ ⊙ ε (mean-field) or L ε (full-rank)."""
-    params = np.asarray(params, dtype=float)
-    eps = np.atleast_2d(eps)
-    if isinstance(family, MeanField):
-        return np.exp(params[family.dim:]) * eps
-    return eps @ family.lower_factor(params).T
-
-
-@partial(jax.jit, static_argnums=0)
-def _rows_pullback_jax(family, params_rows, eps_rows, gz):
-    def one(p, e, g):
-        _, vjp = jax.vjp(lambda pp: family.sample(pp, e[None, :])[0], p)
-        return vjp(g)[0] - jax.grad(family.entropy)(p)
-
-    return jax.vmap(one)(params_rows, eps_rows, gz)
+    return _host(family).noise_np(np.asarray(params, dtype=float), np.atleast_2d(eps))
 
 
 def row_gradients(family, params_rows: np.ndarray, eps_rows: np.ndarray,
                   gz: np.ndarray) -> np.ndarray:
     """∇_w f(w_i; n_i, ε_i) per row (b, P), given gz_i = ∇k_{n_i}(T_{w_i}(ε_i)) (paper Eq. 4,
-    docs/jointcv.md#noise-sources: ``∇_μ f = ∇k_n(z)``, ``∇_ω f = ∇k_n(z) ⊙ σ ⊙ ε − 1``; for
-    the full-rank family the vector-Jacobian product of z = μ + Lε minus the entropy's gradient,
-    by JAX)."""
-    params_rows = np.atleast_2d(params_rows)
-    if isinstance(family, MeanField):
-        d = family.dim
-        sigma = np.exp(params_rows[:, d:])
-        return np.concatenate([gz, gz * sigma * eps_rows - 1.0], axis=1)
-    if isinstance(family, FullRank):
-        return np.asarray(_rows_pullback_jax(family, jnp.asarray(params_rows),
-                                             jnp.asarray(eps_rows), jnp.asarray(gz)))
-    raise TypeError(f"doubly-stochastic estimators support Gaussian families, not {family!r}")
+    docs/jointcv.md#noise-sources: ``∇_μ f = ∇k_n(z)``, ``∇_ω f = ∇k_n(z) ⊙ σ ⊙ ε − 1``; in
+    general the pullback through z = T_w(ε) minus the entropy's gradient)."""
+    return -_host(family).pullback_rows_at(params_rows, eps_rows, -gz)
 
 
 def batch_gradient(family, params: np.ndarray, eps_rows: np.ndarray, gz: np.ndarray) -> np.ndarray:
     """The minibatch mean of :func:`row_gradients` at one w (the naive estimate,
     docs/jointcv.md#minibatches)."""
-    if isinstance(family, MeanField):
-        d = family.dim
-        sigma = np.exp(np.asarray(params)[d:])
-        return np.concatenate([gz.mean(axis=0), (gz * eps_rows).mean(axis=0) * sigma - 1.0])
-    rows = np.broadcast_to(np.asarray(params), (gz.shape[0], len(params)))
-    return row_gradients(family, rows, eps_rows, gz).mean(axis=0)
+    return -_host(family).pullback_mean(np.asarray(params, dtype=float), eps_rows, -gz)
 
 
 def _eps_rows(eps: np.ndarray, b: int) -> tuple[np.ndarray, bool]:

@@ -54,6 +54,16 @@ class MeanFieldHostMath:
         mu, sigma = self._mu_sigma(params)
         return mu + sigma * np.asarray(eps, dtype=float)
 
+    def noise_np(self, params, eps: np.ndarray) -> np.ndarray:
+        """z − μ = e^ω ⊙ ε for each row of ``eps`` (n, D)."""
+        return np.exp(np.asarray(params, dtype=float)[self.dim:]) * eps
+
+    def pullback_rows_at(self, params_rows: np.ndarray, eps: np.ndarray,
+                         g: np.ndarray) -> np.ndarray:
+        """:meth:`pullback_rows` with a λ per row (``params_rows`` (n, P)): (g, g ⊙ σ_i ⊙ ε + 1)."""
+        sigma = np.exp(np.atleast_2d(params_rows)[:, self.dim:])
+        return np.concatenate([g, g * sigma * eps + 1.0], axis=1)
+
     def entropy_np(self, params) -> float:
         """H(q) = D/2 (1 + log 2π) + Σ ω."""
         return 0.5 * self.dim * (1.0 + _LOG_2PI) + float(np.sum(np.asarray(params)[self.dim:]))
@@ -155,6 +165,29 @@ class FullRankHostMath:
     def sample_np(self, params, eps: np.ndarray) -> np.ndarray:
         """z = μ + L ε for each row of ``eps`` (n, D)."""
         return np.asarray(params, dtype=float)[: self.dim] + np.asarray(eps) @ self.lower_factor(params).T
+
+    def noise_np(self, params, eps: np.ndarray) -> np.ndarray:
+        """z − μ = L ε for each row of ``eps`` (n, D)."""
+        return np.asarray(eps) @ self.lower_factor(params).T
+
+    def pullback_rows_at(self, params_rows: np.ndarray, eps: np.ndarray,
+                         g: np.ndarray) -> np.ndarray:
+        """:meth:`pullback_rows` with a λ per row (``params_rows`` (n, P)): row i's L part is
+        the lower triangle of g_i ε_iᵀ, its diagonal times row i's ∂L_dd/∂(stored diagonal),
+        plus row i's entropy gradient."""
+        params_rows = np.atleast_2d(np.asarray(params_rows, dtype=float))
+        d = np.arange(self.dim)
+        stored = params_rows[:, self.dim:][:, d * (d + 3) // 2]           # (n, D)
+        if self.diagonal == "log":
+            chain, h_diag = np.exp(stored), np.ones_like(stored)
+        else:
+            safe = np.where(stored == 0.0, 1.0, stored)
+            chain, h_diag = np.ones_like(stored), np.where(stored == 0.0, 0.0, 1.0 / safe)
+        rows, cols = tril_indices(self.dim)
+        on_diag = rows == cols
+        lower = g[:, rows] * eps[:, cols] * np.where(on_diag, chain[:, rows], 1.0)
+        lower = lower + np.where(on_diag, h_diag[:, rows], 0.0)
+        return np.concatenate([g, lower], axis=1)
 
     def entropy_np(self, params) -> float:
         """H(q) = D/2 (1 + log 2π) + Σ log|L_dd|."""
