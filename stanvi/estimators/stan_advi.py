@@ -20,7 +20,6 @@ from stanvi.errors import VIError
 from stanvi.estimators.base import family_estimator
 from stanvi.estimators.registry import ESTIMATORS
 from stanvi.estimators.elbo import ElboEstimator, GradientFailure, collect_valid, elbo_term
-from stanvi.families import FullRank, MeanField
 
 GRAD_RETRIES = 10        # calc_grad's n_retries: the 10·grad_samples-th drop raises
 GRAD_OK, GRAD_DROP_LIMIT, GRAD_NAN = 0, 1, 2   # why a gradient failed (ADVI's ChunkResult codes)
@@ -37,8 +36,8 @@ def stan_gradient_pieces(family):
     product stays in the gradient (and the step-size rule turns it into NaN), as in Stan.
     Returns None for a family Stan does not have (then the autodiff gradient of ℓ is used).
     """
-    dim = family.dim
-    if isinstance(family, MeanField):
+    dim, stan_name = family.dim, getattr(family, "stan_name", None)
+    if stan_name == "normal_meanfield":
         def accumuland(g, e):
             return jnp.concatenate([g, g * e])
 
@@ -47,7 +46,7 @@ def stan_gradient_pieces(family):
             mu_grad, omega_grad = acc[:dim] / n, acc[dim:] / n
             return jnp.concatenate([mu_grad, omega_grad * jnp.exp(omega) + 1.0])
         return accumuland, finalize
-    if isinstance(family, FullRank) and family.diagonal == "stan":
+    if stan_name == "normal_fullrank" and family.diagonal == "stan":
         rows, cols = np.tril_indices(dim)
         diag = np.flatnonzero(rows == cols)
 

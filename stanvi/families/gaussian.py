@@ -38,6 +38,11 @@ class MeanField(MeanFieldHostMath, GaussianDefaults):
     def n_params(self) -> int:
         return 2 * self.dim
 
+    @property
+    def stan_name(self) -> str:
+        """Stan's name of this family (its ADVI's ``normal_meanfield``)."""
+        return "normal_meanfield"
+
     def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
         """λ₀ = (μ₀, ω₀·1): Stan ADVI uses ω₀ = 0 (docs/algorithms.md#advi-init), the TrustVI
         authors' code ω₀ = −1 (#trustvi-constants)."""
@@ -99,6 +104,12 @@ class FullRank(FullRankHostMath, GaussianDefaults):
     dim: int
     diagonal: str = "stan"
     name: str = "fullrank"
+
+    @property
+    def stan_name(self) -> str:
+        """Stan's name of this family (its ADVI's ``normal_fullrank``; Stan stores L itself,
+        the ``"stan"`` diagonal)."""
+        return "normal_fullrank"
 
     def __post_init__(self) -> None:
         if self.diagonal not in ("stan", "log"):

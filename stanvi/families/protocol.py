@@ -18,6 +18,8 @@ NumPy moments (``mean``, ``covariance``, ``marginal_sd``), a family answers:
 * :meth:`log_g_offset`: c with Stan's ``log_g__ = log q + c`` for the output draws.
 * :meth:`family_options`: the settings beyond ``dim`` that ``make_family`` needs to rebuild the
   family from a saved fit (those the method's options do not already restore).
+* ``stan_name`` (optional): Stan's name of the family (``normal_meanfield``,
+  ``normal_fullrank``), where Stan's ADVI has it: ADVI's Stan arithmetic and messages key on it.
 
 :class:`GaussianDefaults` gives the Gaussian families' answers (mean-field and full-rank:
 reparameterized, closed-form entropy); a family with different needs overrides them

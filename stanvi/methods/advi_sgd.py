@@ -21,7 +21,6 @@ from jax import lax
 
 from stanvi.estimators.elbo import ElboEstimator
 from stanvi.estimators.stan_advi import GRAD_NAN, GRAD_OK, GRAD_RETRIES, stan_calc_grad
-from stanvi.families import FullRank
 from stanvi.methods.base import purpose_key
 from stanvi.optim.step_size import stan_step
 
@@ -150,7 +149,7 @@ def advance(estimator: ElboEstimator, params, s, *, k0: int, n_steps: int, t0: i
 def gradient_failure_message(family, kind: int, grad_samples: int) -> str:
     """Stan's message for a failed ``calc_grad`` ([S] ``normal_meanfield::calc_grad`` /
     ``normal_fullrank::calc_grad``; ``set_omega`` / ``set_L_chol`` for a NaN gradient)."""
-    name = "normal_fullrank" if isinstance(family, FullRank) else "normal_meanfield"
+    name = getattr(family, "stan_name", "normal_meanfield")
     if kind == GRAD_NAN:
         where = ("stan::variational::set_mu / set_L_chol" if name == "normal_fullrank" else
                  "stan::variational::normal_meanfield::set_mu / set_omega")
