@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stanvi.estimators.subsampled import SubsampledEstimator, noise, row_gradients
+from stanvi.estimators.subsampled import SubsampledEstimator, row_gradients
 
 
 class Incremental(SubsampledEstimator):
@@ -64,8 +64,7 @@ class Incremental(SubsampledEstimator):
 
 
 def noise_rows(family, params_rows: np.ndarray, eps_rows: np.ndarray) -> np.ndarray:
-    """T_{w_i}(ε_i) − μ_i for per-row parameters (mean-field vectorized; full-rank per row)."""
-    d = family.dim
-    if params_rows.shape[1] == 2 * d and family.name == "meanfield":
-        return np.exp(params_rows[:, d:]) * eps_rows
-    return np.stack([noise(family, p, e[None, :])[0] for p, e in zip(params_rows, eps_rows)])
+    """T_{w_i}(ε_i) − μ_i for per-row parameters (the family's ``noise_rows_np``)."""
+    if not hasattr(family, "noise_rows_np"):
+        raise TypeError(f"doubly-stochastic estimators support Gaussian families, not {family!r}")
+    return family.noise_rows_np(params_rows, eps_rows)

@@ -43,6 +43,12 @@ class MeanField(MeanFieldHostMath, GaussianDefaults):
         """Stan's name of this family (its ADVI's ``normal_meanfield``)."""
         return "normal_meanfield"
 
+    @property
+    def min_curvature_draws(self) -> int:
+        """The fewest base draws whose sampled ELBO Hessian can be nonsingular: one (every draw
+        gives every coordinate its curvature)."""
+        return 1
+
     def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
         """λ₀ = (μ₀, ω₀·1): Stan ADVI uses ω₀ = 0 (docs/algorithms.md#advi-init), the TrustVI
         authors' code ω₀ = −1 (#trustvi-constants)."""
@@ -110,6 +116,13 @@ class FullRank(FullRankHostMath, GaussianDefaults):
         """Stan's name of this family (its ADVI's ``normal_fullrank``; Stan stores L itself,
         the ``"stan"`` diagonal)."""
         return "normal_fullrank"
+
+    @property
+    def min_curvature_draws(self) -> int:
+        """The fewest base draws whose sampled ELBO Hessian can be nonsingular: 2(D + 1).  With
+        m draws the sampled Hessian of a row of L is a sum of m terms ε εᵀ, of rank ≤ m: for
+        m ≤ D it is singular (docs/algorithms.md#fullrank)."""
+        return 2 * (self.dim + 1)
 
     def __post_init__(self) -> None:
         if self.diagonal not in ("stan", "log"):

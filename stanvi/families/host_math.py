@@ -58,6 +58,14 @@ class MeanFieldHostMath:
         """z − μ = e^ω ⊙ ε for each row of ``eps`` (n, D)."""
         return np.exp(np.asarray(params, dtype=float)[self.dim:]) * eps
 
+    def noise_rows_np(self, params_rows: np.ndarray, eps: np.ndarray) -> np.ndarray:
+        """z_i − μ_i = e^{ω_i} ⊙ ε_i with a λ per row (``params_rows`` (n, P))."""
+        return np.exp(np.atleast_2d(params_rows)[:, self.dim:]) * eps
+
+    def diagonal_params(self, mu: np.ndarray, log_sd: np.ndarray) -> np.ndarray:
+        """λ of N(μ, diag(e^{2 log_sd})): (μ, log_sd)."""
+        return np.concatenate([np.asarray(mu, dtype=float), np.asarray(log_sd, dtype=float)])
+
     def pullback_rows_at(self, params_rows: np.ndarray, eps: np.ndarray,
                          g: np.ndarray) -> np.ndarray:
         """:meth:`pullback_rows` with a λ per row (``params_rows`` (n, P)): (g, g ⊙ σ_i ⊙ ε + 1)."""
@@ -169,6 +177,20 @@ class FullRankHostMath:
     def noise_np(self, params, eps: np.ndarray) -> np.ndarray:
         """z − μ = L ε for each row of ``eps`` (n, D)."""
         return np.asarray(eps) @ self.lower_factor(params).T
+
+    def noise_rows_np(self, params_rows: np.ndarray, eps: np.ndarray) -> np.ndarray:
+        """z_i − μ_i = L_i ε_i with a λ per row (``params_rows`` (n, P)): one factor per row."""
+        return np.stack([self.noise_np(p, e[None, :])[0] for p, e in zip(params_rows, eps)])
+
+    def diagonal_params(self, mu: np.ndarray, log_sd: np.ndarray) -> np.ndarray:
+        """λ of N(μ, diag(e^{2 log_sd})): L diagonal, its stored diagonal log_sd (the log
+        scale) or e^{log_sd} (Stan's)."""
+        d = np.arange(self.dim)
+        params = np.zeros(self.dim + self.dim * (self.dim + 1) // 2)
+        params[: self.dim] = mu
+        log_sd = np.asarray(log_sd, dtype=float)
+        params[self.dim + d * (d + 3) // 2] = log_sd if self.diagonal == "log" else np.exp(log_sd)
+        return params
 
     def pullback_rows_at(self, params_rows: np.ndarray, eps: np.ndarray,
                          g: np.ndarray) -> np.ndarray:

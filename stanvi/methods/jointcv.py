@@ -207,12 +207,7 @@ def initial_params(family, options: Options, context: RunContext, rng: np.random
             mu, omega = rng.standard_normal(d), rng.standard_normal(d)
         else:                         # the official code
             mu, omega = 0.01 * rng.standard_normal(d), np.full(d, 0.001)
-        if family.name == "meanfield":
-            return np.concatenate([mu, omega]), options.init
-        params = family.initial_params(mu, 0.0)
-        diag = np.asarray(family.diagonal_index()) + d
-        params[diag] = omega if family.diagonal == "log" else np.exp(omega)
-        return params, options.init
+        return family.diagonal_params(mu, omega), options.init
     mu0, source = context.initial_mean(options.init if options.init in ("zero", "random")
                                        else "zero")
     return np.asarray(family.initial_params(mu0, options.log_scale0), dtype=float), source

@@ -84,9 +84,7 @@ def hessian_draws(family, n_hess: int) -> int:
     before falling back to all N draws (full rank, D = 500: 266 products, 70 s an iteration;
     issue 17 item 6).  Mean-field (one curvature per coordinate from every draw) keeps
     ``n_hess``."""
-    if getattr(family, "name", "") == "fullrank":
-        return max(int(n_hess), 2 * (family.dim + 1))
-    return int(n_hess)
+    return max(int(n_hess), getattr(family, "min_curvature_draws", 1))
 
 
 def refine(est, family, params: np.ndarray, *, key: jax.Array, ledger: OracleLedger,

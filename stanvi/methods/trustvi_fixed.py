@@ -117,15 +117,14 @@ def hessian_subsample(family, n_hess: int, n: int) -> int:
     """Draws for the Hessian-vector products: ``n_hess``, for the full-rank family at least
     2(D + 1) (a full-rank Hessian of m ≤ D draws is singular, docs/algorithms.md#fullrank), at
     most the sample."""
-    least = 2 * (family.dim + 1) if getattr(family, "name", "") == "fullrank" else 1
-    return int(min(n, max(n_hess, least)))
+    return int(min(n, max(n_hess, getattr(family, "min_curvature_draws", 1))))
 
 
 def start(setup: FixedSetup, params: np.ndarray) -> FixedState:
     """The first fixed sample (``fixed_n0`` draws, at least 2(D + 1) for full rank), drawn at the
     warm start.  Raises :class:`GradientFailure` when the model fails too often under q."""
     o, family = setup.o, setup.family
-    n = max(o.fixed_n0, 2 * (family.dim + 1)) if family.name == "fullrank" else o.fixed_n0
+    n = max(o.fixed_n0, getattr(family, "min_curvature_draws", 1))
     sample = draw_fixed_sample(setup.est, params, purpose_key(setup.key, 0, "refine"), n,
                                o.max_gradient_drops_factor * n, setup.ledger)
     return FixedState(params, o.refine_delta0, sample.eps, sample.values, sample.model_grads,
