@@ -22,17 +22,16 @@ from __future__ import annotations
 import numpy as np
 
 from stanvi.estimators.subsampled import SubsampledEstimator, batch_gradient, noise
-from stanvi.families.gaussian import MeanField
 
 
 def _hvp_scale(family, hvp_scale: str | None) -> str:
     """``None`` → ``"table"`` for mean-field (paper), ``"current"`` otherwise
     (docs/jointcv.md#full-rank)."""
     if hvp_scale is None:
-        return "table" if isinstance(family, MeanField) else "current"
+        return "table" if getattr(family, "vector_scale", False) else "current"
     if hvp_scale not in ("table", "current"):
         raise ValueError(f"hvp_scale must be 'table' or 'current', got {hvp_scale!r}")
-    if hvp_scale == "table" and not isinstance(family, MeanField):
+    if hvp_scale == "table" and not getattr(family, "vector_scale", False):
         raise ValueError("hvp_scale='table' stores a scale per term, which only the mean-field "
                          "family has (a full-rank L per term would cost N·d² numbers, "
                          "docs/jointcv.md#full-rank); use hvp_scale='current'")

@@ -49,6 +49,12 @@ class MeanField(MeanFieldHostMath, GaussianDefaults):
         gives every coordinate its curvature)."""
         return 1
 
+    @property
+    def vector_scale(self) -> bool:
+        """q's scale is a vector, one number per coordinate (the joint control variate can
+        keep one per term, docs/jointcv.md#full-rank)."""
+        return True
+
     def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
         """λ₀ = (μ₀, ω₀·1): Stan ADVI uses ω₀ = 0 (docs/algorithms.md#advi-init), the TrustVI
         authors' code ω₀ = −1 (#trustvi-constants)."""
@@ -123,6 +129,11 @@ class FullRank(FullRankHostMath, GaussianDefaults):
         m draws the sampled Hessian of a row of L is a sum of m terms ε εᵀ, of rank ≤ m: for
         m ≤ D it is singular (docs/algorithms.md#fullrank)."""
         return 2 * (self.dim + 1)
+
+    @property
+    def vector_scale(self) -> bool:
+        """q's scale is a matrix L, not a vector (docs/jointcv.md#full-rank)."""
+        return False
 
     def __post_init__(self) -> None:
         if self.diagonal not in ("stan", "log"):
