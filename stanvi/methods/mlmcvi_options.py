@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stanvi.estimators.mlmc import SCALE_PARAMS
+from stanvi.families.coordinates import SCALE_PARAMS
 from stanvi.estimators.mlmc_schedule import SCHEDULERS, Scheduler
 
 ESTIMATORS = ("mlmc", "mc", "rqmc")
