@@ -1,6 +1,6 @@
 """The architecture's rules, checked from the source alone (docs/architecture.md): the import
 rules between layers, no import circle, no import of the package root or of another module's
-private names, no module over 400 lines, every ``stanvi.*`` import resolvable, every citation
+private names, no branch on a family's class or name outside families/, no module over 400 lines, every ``stanvi.*`` import resolvable, every citation
 resolvable to a file (and section) of the repository.  AST and text only: nothing is imported, so this runs in about a second.
 
 Known violations that the consolidation (issue T3-3, part 2) has yet to remove are listed in
@@ -216,6 +216,35 @@ def private_imports(root: Path) -> list[tuple[str, str]]:
     return out
 
 
+_FAMILY_CLASSES = {"MeanField", "FullRank", "GaussianMixture"}
+
+
+def family_switches(root: Path) -> list[tuple[str, str]]:
+    """Branches on a variational family's class or name outside ``families/`` (and gp's own
+    families): what a family does differently is the family's to say
+    (stanvi/families/protocol.py), so a new family is one module every method can use."""
+    out = []
+    for path in python_files(root, "stanvi"):
+        rel = str(path.relative_to(root))
+        if rel.startswith(("stanvi/families/", "stanvi/gp/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            hit = False
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "isinstance" and len(node.args) == 2):
+                classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) \
+                    else [node.args[1]]
+                hit = any(isinstance(c, ast.Name) and c.id in _FAMILY_CLASSES for c in classes)
+            elif isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                hit = any(isinstance(x, ast.Attribute) and x.attr in ("name", "family_name")
+                          and isinstance(x.value, ast.Name) and x.value.id == "family"
+                          for x in sides)
+            if hit:
+                out.append(("family switch", f"{rel}:{node.lineno}"))
+    return out
+
+
 def long_modules(root: Path) -> list[tuple[str, str]]:
     out = []
     for path in python_files(root, "stanvi"):
@@ -360,7 +389,8 @@ def import_circles(root: Path) -> list[tuple[str, str]]:
     return circles
 
 
-CHECKS = {"layers": layer_violations, "circles": import_circles, "private": private_imports, "root": root_imports, "size": long_modules,
+CHECKS = {"layers": layer_violations, "circles": import_circles, "private": private_imports,
+          "families": family_switches, "root": root_imports, "size": long_modules,
           "imports": unresolved_imports, "citations": broken_citations}
 
 
@@ -382,6 +412,8 @@ def test_architecture_rule(check):
 
 # ------------------------------------------------------------------ each rule can fail
 _PLANTS = {
+    "families": ("stanvi/methods/_planted.py",
+                 "def f(family):\n    return family.name == 'meanfield'\n"),
     "private": ("stanvi/methods/_planted.py", "from stanvi.methods.base import _private\n"),
     "circles": [("stanvi/optim/_planted.py", "from stanvi.optim import _planted2\n"),
                 ("stanvi/optim/_planted2.py", "from stanvi.optim._planted import x\nx = 1\n")],
