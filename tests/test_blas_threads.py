@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import pytest
+import threadpoolctl   # a dependency of stanvi (pyproject.toml): no skip when it is missing
 
-threadpoolctl = pytest.importorskip("threadpoolctl")
-
-import stanvi  # noqa: E402
-from stanvi.methods import blas_threads  # noqa: E402
-from stanvi.targets import JaxTarget  # noqa: E402
+import stanvi
+from stanvi.methods import blas_threads
+from stanvi.targets import JaxTarget
 
 
 def _blas_threads() -> dict[str, int]:

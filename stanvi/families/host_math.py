@@ -179,8 +179,16 @@ class FullRankHostMath:
         return np.asarray(eps) @ self.lower_factor(params).T
 
     def noise_rows_np(self, params_rows: np.ndarray, eps: np.ndarray) -> np.ndarray:
-        """z_i − μ_i = L_i ε_i with a λ per row (``params_rows`` (n, P)): one factor per row."""
-        return np.stack([self.noise_np(p, e[None, :])[0] for p, e in zip(params_rows, eps)])
+        """z_i − μ_i = L_i ε_i with a λ per row (``params_rows`` (n, P)): the n factors built
+        at once (n, D, D), as :meth:`lower_factor` builds one."""
+        params_rows = np.atleast_2d(np.asarray(params_rows, dtype=float))
+        rows, cols = tril_indices(self.dim)
+        lower = np.zeros((params_rows.shape[0], self.dim, self.dim))
+        lower[:, rows, cols] = params_rows[:, self.dim:self.dim + rows.size]
+        if self.diagonal == "log":
+            d = np.arange(self.dim)
+            lower[:, d, d] = np.exp(lower[:, d, d])
+        return np.einsum("nij,nj->ni", lower, np.asarray(eps, dtype=float))
 
     def diagonal_params(self, mu: np.ndarray, log_sd: np.ndarray) -> np.ndarray:
         """λ of N(μ, diag(e^{2 log_sd})): L diagonal, its stored diagonal log_sd (the log
