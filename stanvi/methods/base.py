@@ -75,6 +75,14 @@ class OracleLedger:
         self.literal += 1
         self.gradient_draws += n_draws
 
+    def gradient_paths(self, evaluations) -> None:
+        """The gradients of optimizer paths run side by side (``evaluations``: each path's):
+        one literal call per round, as many as the longest path has evaluations."""
+        evaluations = [int(n) for n in evaluations]
+        self.scaled += sum(evaluations) / GRADIENT_BATCH
+        self.literal += max(evaluations, default=0)
+        self.gradient_draws += sum(evaluations)
+
     def hvp(self, n_draws: int, applications: int = 1) -> None:
         self.scaled += 2.0 * applications * n_draws / HVP_BATCH
         self.literal += 2 * applications

@@ -38,6 +38,7 @@ fit's and stay out of its trace).
 from __future__ import annotations
 
 from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -57,6 +58,8 @@ MARGIN = 1.0
 SCREEN_DRAWS = 64
 #: A path is in λ₁'s basin within this many q₁-sds (root mean square over coordinates)
 BASIN_RADIUS = 1.0
+#: Iterations of an L-BFGS path at most (Pathfinder's default)
+PATH_MAX_ITERS = 1000
 #: Key index of the random initial points of paths 2, 3, … (their L-BFGS paths' own draws use
 #: indices 2, 3, …: never the same key for two roles)
 INIT_KEYS = 1_000_000
@@ -168,6 +171,25 @@ def _near(centres: np.ndarray, inv_sd: np.ndarray, radius: float):
     return near
 
 
+def _run_paths(target, ledger: OracleLedger, inits: list, centres: np.ndarray,
+               inv_sd: np.ndarray) -> list[SimpleNamespace]:
+    """The paths' ends (``x``, ``fun`` = −log p, ``status``: SciPy's codes or ``STOPPED``),
+    each stopped near a row of ``centres`` (:func:`_near`).  In C++ where the target has
+    ``lbfgs_paths`` (a Stan model: the same algorithm in C++, no Python per iteration;
+    docs/algorithms.md#second-start); else SciPy's L-BFGS-B in lockstep, one
+    batched model call per round."""
+    if hasattr(target, "lbfgs_paths"):
+        paths = target.lbfgs_paths(np.array(inits), max_iters=PATH_MAX_ITERS, centres=centres,
+                                   inv_sd=inv_sd, radius=BASIN_RADIUS)
+        ledger.gradient_paths(paths.evaluations)
+        return [SimpleNamespace(x=x, fun=-lp, status=int(code))
+                for x, lp, code in zip(paths.x, paths.log_density, paths.status)]
+    in_basin = _near(centres, inv_sd, BASIN_RADIUS)
+    return minimize_lbfgsb_lockstep(neg_log_p_rows(target, ledger), inits,
+                                    stop=lambda _path, z: in_basin(z),
+                                    maxiter=PATH_MAX_ITERS, maxfun=2 * PATH_MAX_ITERS)
+
+
 def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
                   centres: list) -> tuple[np.ndarray | None, int]:
     """``second_paths`` L-BFGS paths (the first from Stan's random initialization, Pathfinder's
@@ -183,11 +205,8 @@ def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
     inits = [np.asarray(random_init, dtype=float)]
     inits += _random_inits(setup, target, list(range(1, o.second_paths)))
     inv_sd = 1.0 / np.asarray(family.marginal_sd(first), dtype=float)
-    in_basin = _near(np.array([family.mean(first), *(centres or [])], dtype=float), inv_sd,
-                     BASIN_RADIUS)
-    results = minimize_lbfgsb_lockstep(neg_log_p_rows(target, ledger), inits,
-                                       stop=lambda _path, z: in_basin(z),
-                                       maxiter=1000, maxfun=2000)
+    results = _run_paths(target, ledger, inits,
+                         np.array([family.mean(first), *(centres or [])], dtype=float), inv_sd)
     info = setup.info
     info.update(second_paths_run=len(results), second_path=False, second_paths_tried=0,
                 second_paths_stopped=sum(r.status == STOPPED for r in results))

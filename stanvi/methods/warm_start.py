@@ -21,6 +21,7 @@ Every evaluation is charged to the method's ledger (gradients, HVPs, log densiti
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import jax
@@ -50,6 +51,21 @@ def neg_log_p_rows(target, ledger: OracleLedger):
             g[~ok] = 0.0
         return f, g
     return rows
+
+
+def _mode_search(target, ledger: OracleLedger, neg_log_p, mu0: np.ndarray, max_iters: int):
+    """Step 1 of the module docstring: L-BFGS-B's path from ``mu0`` (``x``, ``fun`` = −log p,
+    ``nit``), in C++ where the target has ``lbfgs_paths`` (a Stan model: the same algorithm
+    and settings, its iterates SciPy's to rounding, docs/algorithms.md#lbfgsb), else through
+    SciPy's extension; raises ValueError when log p fails at ``mu0``."""
+    if not hasattr(target, "lbfgs_paths"):
+        return minimize_lbfgsb(neg_log_p, mu0, maxiter=max_iters, maxfun=2 * max_iters)
+    path = target.lbfgs_paths(mu0[None, :], max_iters=max_iters)
+    ledger.gradient_paths(path.evaluations)
+    if path.messages:
+        raise ValueError(path.messages[0])
+    return SimpleNamespace(x=path.x[0], fun=-float(path.log_density[0]),
+                           nit=int(path.iterations[0]))
 
 
 def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
@@ -86,8 +102,7 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
 
     info: dict = {}
     try:
-        opt = minimize_lbfgsb(neg_log_p, np.asarray(mu0, dtype=float), maxiter=max_iters,
-                              maxfun=2 * max_iters)
+        opt = _mode_search(target, ledger, neg_log_p, np.asarray(mu0, dtype=float), max_iters)
     except (ValueError, FloatingPointError) as exc:  # scipy rejects non-finite starting values
         return default_params, {"warm_start": "default", "warm_start_reason": str(exc)}
     info["laplace_iterations"] = int(opt.nit)

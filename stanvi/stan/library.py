@@ -44,7 +44,28 @@ _SIGNATURES = {
                          ctypes.c_char_p, _c_int, _c_int, _c_bool],
     "stanvi_batch_constrain": [_vp, _c_bool, _c_bool, _c_int, _f64, _f64, ctypes.c_uint, _i32,
                                ctypes.c_char_p, _c_int, _c_int],
+    "stanvi_lbfgs_paths": [_vp, _c_int, _f64, _c_int, _c_int, ctypes.c_double, ctypes.c_double,
+                           _c_int, _f64, _f64, ctypes.c_double, _f64, _f64, _i32, _vp, _i32,
+                           ctypes.c_char_p, _c_int, _c_int],
 }
+
+#: The C++ L-BFGS paths' settings: SciPy's L-BFGS-B defaults (maxcor, ftol, gtol), as the
+#: Python paths (stanvi.optim.lbfgsb.DEFAULTS) use them
+LBFGS_DEFAULTS = {"history": 10, "ftol": 2.2204460492503131e-09, "gtol": 1e-5}
+#: stanvi_lbfgs_paths' path statuses (0–2 as SciPy's L-BFGS-B reports them)
+PATH_STATUSES = ("converged", "max_iterations", "line_search_failed", "stopped", "failed")
+
+
+@dataclass
+class LbfgsPaths:
+    """The end of each of n L-BFGS paths (:meth:`BatchedLibrary.lbfgs_paths`)."""
+
+    x: np.ndarray            # (n, D) last iterates
+    log_density: np.ndarray  # (n,) log p there (−inf for a failed path)
+    iterations: np.ndarray   # (n,) int
+    evaluations: np.ndarray  # (n,) int: gradients evaluated, the initial point's included
+    status: np.ndarray       # (n,) int: an index into PATH_STATUSES
+    messages: dict[int, str]  # path -> why it failed
 
 
 def default_threads() -> int:
@@ -206,6 +227,38 @@ class BatchedLibrary:
                                              _ptr(lp), _ptr(grad), _ptr(hvp), _ptr(status), buf,
                                              MESSAGE_BYTES, threads, finite_difference)
         return lp, grad, hvp, self._status(status, buf, failed)
+
+    def lbfgs_paths(self, model: int, inits: np.ndarray, *, max_iters: int,
+                    centres: np.ndarray | None = None, inv_sd: np.ndarray | None = None,
+                    radius: float = 0.0, threads: int, **settings) -> LbfgsPaths:
+        """Independent L-BFGS paths maximizing log p from the rows of ``inits``: L-BFGS-B's
+        algorithm without bounds, in C++ (glue/stanvi_lbfgs.hpp; ``settings``:
+        :data:`LBFGS_DEFAULTS`), one path per thread, a path
+        ending at its first iterate within ``radius`` (root mean square over coordinates, in
+        units of 1/``inv_sd``) of a row of ``centres`` (docs/algorithms.md#second-start)."""
+        opts = {**LBFGS_DEFAULTS, **settings}
+        inits = np.ascontiguousarray(inits, dtype=np.float64)
+        n, d = inits.shape
+        if centres is None or len(centres) == 0:
+            centres, inv_sd = np.zeros((0, d)), np.ones(d)
+        centres = np.ascontiguousarray(centres, dtype=np.float64).reshape(-1, d)
+        inv_sd = np.ascontiguousarray(np.broadcast_to(inv_sd, (d,)), dtype=np.float64)
+        x = np.empty_like(inits)
+        lp = np.empty(n)
+        iterations = np.empty(n, dtype=np.int32)
+        evaluations = np.empty(n, dtype=np.int64)
+        status = np.empty(n, dtype=np.int32)
+        buf = self._message_buffer(n)
+        self._lib.stanvi_lbfgs_paths(
+            model, n, _ptr(inits), int(max_iters), int(opts["history"]), float(opts["ftol"]),
+            float(opts["gtol"]), centres.shape[0], _ptr(centres), _ptr(inv_sd), float(radius),
+            _ptr(x), _ptr(lp), _ptr(iterations), _ptr(evaluations), _ptr(status), buf,
+            MESSAGE_BYTES, threads)
+        failed = status == PATH_STATUSES.index("failed")
+        base = ctypes.addressof(buf)
+        messages = {int(i): ctypes.string_at(base + int(i) * MESSAGE_BYTES).decode(
+            "utf-8", "replace") for i in np.flatnonzero(failed)}
+        return LbfgsPaths(x, lp, iterations, evaluations, status, messages)
 
     def constrain(self, model: int, z: np.ndarray, n_out: int, *, include_tp: bool,
                   include_gq: bool, seed: int, threads: int) -> tuple[np.ndarray, RowStatus]:

@@ -87,7 +87,10 @@ class Toolchain:
 def glue_fingerprint() -> str:
     """A short hash of the bridge's C++ source: the glue object and every model library linked
     with it are rebuilt when it changes (the precompiled header is not)."""
-    return hashlib.sha256(GLUE_SOURCE.read_bytes()).hexdigest()[:12]
+    h = hashlib.sha256(GLUE_SOURCE.read_bytes())
+    for header in sorted(GLUE_SOURCE.parent.glob("*.hpp")):   # the headers it includes
+        h.update(header.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def library_fingerprint(static_runtime: bool = True) -> str:

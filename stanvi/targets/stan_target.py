@@ -23,7 +23,8 @@ import stanio
 from stanvi.errors import ModelEvaluationError, StanDataError
 from stanvi.stan.compiler import CompiledModel, compile_model
 from stanvi.stan.data import DataLike, data_error_from_stan, data_to_dict, data_to_json
-from stanvi.stan.library import BatchedLibrary, default_threads, load_bridgestan_model
+from stanvi.stan.library import (BatchedLibrary, LbfgsPaths, default_threads,
+                                 load_bridgestan_model)
 from stanvi.stan.names import Variable, group_names
 from stanvi.targets.base import BatchResult, as_batch
 # The state shared with the XLA FFI handlers and its slot layout (the C++ side's enum Slot, whose
@@ -40,6 +41,8 @@ HVP_METHODS = ("auto", "exact", "finite_difference")
 #: A batched call runs on all threads only when its work is at least this many seconds
 #: (:meth:`StanTarget._threads_for`); below it TBB's start-up costs more than it saves.
 PARALLEL_MIN_SECONDS = 1e-3
+#: Gradients an L-BFGS path is expected to take, for the thread choice of :meth:`lbfgs_paths`
+PATH_GRADIENTS_GUESS = 30
 
 
 class StanTarget:
@@ -296,6 +299,20 @@ class StanTarget:
                                           finite_difference=self._hvp_fd)
         self._nan_rows(z, lp)
         return BatchResult(lp, gradient=grad, hvp=hvp, ok=st.ok, messages=st.messages)
+
+    def lbfgs_paths(self, inits: np.ndarray, *, max_iters: int, centres=None, inv_sd=None,
+                    radius: float = 0.0) -> LbfgsPaths:
+        """Independent L-BFGS paths maximizing log p from the rows of ``inits``, in C++
+        (L-BFGS-B's algorithm without bounds: :meth:`BatchedLibrary.lbfgs_paths`), their
+        gradients counted; a path ends early near a row of ``centres``."""
+        inits = self._prepare(inits)
+        threads = self._threads_for("gradient", inits.shape[0] * PATH_GRADIENTS_GUESS)
+        t0 = time.perf_counter()
+        paths = self._batched.lbfgs_paths(self._handle, inits, max_iters=max_iters,
+                                          centres=centres, inv_sd=inv_sd, radius=radius,
+                                          threads=threads)
+        self.counter.add("gradient", int(paths.evaluations.sum()), time.perf_counter() - t0)
+        return paths
 
     # ------------------------------------------------------------------ single points (raise)
     def _raise_if_failed(self, result: BatchResult, what: str, z: np.ndarray) -> None:

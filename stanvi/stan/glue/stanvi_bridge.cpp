@@ -23,7 +23,10 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "stanvi_lbfgs.hpp"
+
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -618,9 +621,91 @@ int hvp_rows(const ModelOf& model_of, int d, bool propto, bool jacobian, int n,
   return failed;
 }
 
+// −log p and its gradient for stanvi_lbfgs::minimize, through gradient_at: log p with its
+// constants and the Jacobian, as every other entry point evaluates it.  Every exception is
+// caught: a point where the model throws or is not finite makes the line search back off.
+struct NegLogDensity {
+  const stan::model::model_base* model;
+  int operator()(const Vec& x, double& f, Vec& g) const {
+    std::ostringstream ignored;
+    try {
+      f = -gradient_at(*model, false, true, x, g.data(), &ignored);
+    } catch (const std::exception&) {
+      return 1;
+    }
+    if (!std::isfinite(f) || !all_finite(g.data(), g.size())) return 2;
+    g = -g;
+    return 0;
+  }
+};
+
+// Whether x lies within `radius` (root mean square over coordinates, in units of 1/inv_sd) of
+// one of the n_centres rows of `centres`.
+bool near_a_centre(const Vec& x, int n_centres, const double* centres, const double* inv_sd,
+                   double radius) {
+  const Eigen::Index d = x.size();
+  const double limit = radius * radius * static_cast<double>(d);
+  for (int c = 0; c < n_centres; ++c) {
+    double sum = 0.0;
+    for (Eigen::Index j = 0; j < d; ++j) {
+      const double w = (x(j) - centres[static_cast<size_t>(c) * d + j]) * inv_sd[j];
+      sum += w * w;
+    }
+    if (sum < limit) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 extern "C" {
+
+// n independent L-BFGS paths maximizing log p (with its constants and the Jacobian) from the
+// rows of `inits`: L-BFGS-B's algorithm without bounds and SciPy's defaults for `history`,
+// `ftol`, `gtol` (stanvi_lbfgs.hpp).  Path i stops early at the first iterate within `radius`
+// of a row of `centres` (near_a_centre; n_centres = 0: never).  Writes each path's last
+// iterate, log p there, iterations, gradient evaluations and status (stanvi_lbfgs::PathStatus;
+// 4: the initial point failed, its message in the path's row of `msgs`).  The paths run on
+// n_threads threads, each path on one, so results do not depend on the number of threads.
+// Returns the number of failed paths.
+int stanvi_lbfgs_paths(const bs_model* m, int n, const double* inits, int max_iters, int history,
+                       double ftol, double gtol, int n_centres, const double* centres,
+                       const double* inv_sd, double radius, double* x_out, double* lp_out,
+                       int* iterations, std::int64_t* evaluations, int* status, char* msgs,
+                       int msg_len, int n_threads) {
+  constexpr int kPathFailed = 4;
+  const int d = m->unc_num;
+  stanvi_lbfgs::Settings settings;
+  settings.max_iters = max_iters;
+  settings.max_evaluations = 2 * max_iters;
+  settings.history = history;
+  settings.ftol = ftol;
+  settings.gtol = gtol;
+  parallel_rows(n, n_threads, [&](int i) {
+    evaluations[i] = 0;
+    iterations[i] = 0;
+    Vec x = Eigen::Map<const Vec>(inits + static_cast<size_t>(i) * d, d);
+    Vec g(d);
+    double f = std::numeric_limits<double>::infinity();
+    NegLogDensity fun{m->model};
+    try {
+      status[i] = stanvi_lbfgs::minimize(
+          fun, x, f, g, settings,
+          [&](const Vec& z) {
+            return n_centres > 0 && near_a_centre(z, n_centres, centres, inv_sd, radius);
+          },
+          evaluations[i], iterations[i]);
+    } catch (const std::exception& e) {
+      status[i] = kPathFailed;
+      write_row_message(msgs, msg_len, i, std::string("L-BFGS path: ") + e.what());
+    }
+    Eigen::Map<Vec>(x_out + static_cast<size_t>(i) * d, d) = x;
+    lp_out[i] = -f;
+  });
+  int failed = 0;
+  for (int i = 0; i < n; ++i) failed += status[i] == kPathFailed;
+  return failed;
+}
 
 int stanvi_batch_gradient(const bs_model* m, bool propto, bool jacobian, int n,
                           const double* theta, double* lp, double* grad, int* status, char* msgs,
