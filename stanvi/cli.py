@@ -161,7 +161,7 @@ def _init_value(text: str | None):
 
 
 def _default_name(model: Path, args: argparse.Namespace) -> str:
-    """``MODEL-METHOD-FAMILY-seedSEED`` (as :func:`stanvi.output.default_basename` names it),
+    """``MODEL-METHOD-FAMILY-seedSEED`` (as :func:`stanvi.output.writers.default_basename` names it),
     known before the fit so that the output can be checked first."""
     stem = model.stem.removeprefix("lib") if model.suffix != ".stan" else model.stem
     return f"{stem}-{args.method}-{args.family}-seed{args.seed}"
@@ -174,7 +174,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from stanvi.fit import check_seed  # noqa: PLC0415
     from stanvi.fit import fit as stanvi_fit  # noqa: PLC0415
     from stanvi.log import get_logger  # noqa: PLC0415
-    from stanvi.output import check_writable  # noqa: PLC0415
+    from stanvi.output.writers import check_writable  # noqa: PLC0415
 
     model = Path(args.model)
     if not model.exists():

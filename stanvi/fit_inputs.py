@@ -126,7 +126,7 @@ def check_memory(family, draws: int) -> None:
         return
     import psutil  # noqa: PLC0415
 
-    from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: PLC0415
+    from stanvi.diagnostics.draws import diagnostic_draw_count  # noqa: PLC0415
 
     n = diagnostic_draw_count(family.dim, draws)
     need, have = family.peak_bytes(n), psutil.virtual_memory().available

@@ -153,7 +153,7 @@ class Fit:
             self.draws)
         columns: dict[str, np.ndarray] = {}
         if vars is None:
-            from stanvi.arviz_io import log_g  # noqa: PLC0415
+            from stanvi.output.arviz_io import log_g  # noqa: PLC0415
 
             n = len(self.log_p)
             columns.update({"lp__": np.zeros(n), "log_p__": np.asarray(self.log_p, dtype=float),
@@ -170,7 +170,7 @@ class Fit:
         """The approximation's mean, constrained (the Stan CSV's row 0), by element name, with
         ``lp__ = log_p__ = log_g__ = 0`` first: what cmdstanpy's ``CmdStanVB`` of the same CSV
         gives."""
-        from stanvi.arviz_io import mean_row  # noqa: PLC0415
+        from stanvi.output.arviz_io import mean_row  # noqa: PLC0415
         from stanvi.stan.names import element_labels  # noqa: PLC0415
 
         out = {"lp__": 0.0, "log_p__": 0.0, "log_g__": 0.0}
@@ -265,16 +265,16 @@ class Fit:
         """A table (pandas DataFrame) of mean, sd and percentiles per scalar, computed with
         arviz-stats, one row per element named like cmdstanpy (``beta[1]``, ``Sigma[2,1]``;
         the DataTree's 1-based coordinates give ``arviz_stats.summary`` the same numbers);
-        non-finite draws are left out; see :func:`stanvi.summary.summary_table`."""
-        from stanvi.summary import summary_table  # noqa: PLC0415
+        non-finite draws are left out; see :func:`stanvi.output.summary.summary_table`."""
+        from stanvi.output.summary import summary_table  # noqa: PLC0415
 
         return summary_table(self.draws, percentiles)
 
     # ---------------------------------------------------------------- output (issue P1-3)
     def diagnostics(self, resample: bool = False, **kwargs):
         """Pareto k-hat of the importance ratios, its verdict, importance ESS and warnings
-        (:mod:`stanvi.diagnostics`); ``resample=True`` adds PSIS-resampled draws."""
-        from stanvi.diagnostics import diagnose  # noqa: PLC0415
+        (:mod:`stanvi.diagnostics.report`); ``resample=True`` adds PSIS-resampled draws."""
+        from stanvi.diagnostics.report import diagnose  # noqa: PLC0415
 
         if resample or kwargs:
             return diagnose(self, resample=resample, **kwargs)
@@ -283,17 +283,17 @@ class Fit:
         return self._diagnostics
 
     def to_arviz(self, **kwargs):
-        """The fit as an ArviZ DataTree (:func:`stanvi.arviz_io.to_datatree`)."""
-        from stanvi.arviz_io import to_datatree  # noqa: PLC0415
+        """The fit as an ArviZ DataTree (:func:`stanvi.output.arviz_io.to_datatree`)."""
+        from stanvi.output.arviz_io import to_datatree  # noqa: PLC0415
 
         return to_datatree(self, **kwargs)
 
     def save(self, directory, **kwargs):
         """Write the Stan CSV, the NetCDF DataTree, the summary and the diagnostics to
-        ``directory`` as ``MODEL-METHOD-FAMILY-seedSEED.*`` (:func:`stanvi.output.save`: an
+        ``directory`` as ``MODEL-METHOD-FAMILY-seedSEED.*`` (:func:`stanvi.output.writers.save`: an
         existing file is an error unless ``overwrite=True``); returns the paths.
         :func:`stanvi.read` reads the fit back."""
-        from stanvi.output import save  # noqa: PLC0415
+        from stanvi.output.writers import save  # noqa: PLC0415
 
         return save(self, directory, **kwargs)
 

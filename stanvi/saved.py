@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.diagnostics import Diagnostics
+from stanvi.diagnostics.report import Diagnostics
 from stanvi.errors import StanviError
 from stanvi.fit_result import Fit, FitTrace
 
@@ -71,7 +71,7 @@ class SavedFit(Fit):
         """The diagnostics as saved; ``resample=True`` adds PSIS-resampled draws from the saved
         weights."""
         if self._diagnostics is None:   # saved without them: from the output draws
-            from stanvi.diagnostics import compute  # noqa: PLC0415
+            from stanvi.diagnostics.report import compute  # noqa: PLC0415
 
             self._diagnostics = compute(self.log_p, self.log_q, status=self.status,
                                         message=self.message, method=self.method)
@@ -79,7 +79,7 @@ class SavedFit(Fit):
             return self._diagnostics
         from dataclasses import replace  # noqa: PLC0415
 
-        from stanvi.psis import resample_indices  # noqa: PLC0415
+        from stanvi.diagnostics.psis import resample_indices  # noqa: PLC0415
 
         d = replace(self._diagnostics, warnings=list(self._diagnostics.warnings))
         if resample:
@@ -100,8 +100,8 @@ class SavedFit(Fit):
 
     def save(self, directory, **kwargs):
         """Write the saved fit again (Stan CSV from the stored mean row, NetCDF, summary,
-        diagnostics): :func:`stanvi.output.save`."""
-        from stanvi.output import save  # noqa: PLC0415
+        diagnostics): :func:`stanvi.output.writers.save`."""
+        from stanvi.output.writers import save  # noqa: PLC0415
 
         if kwargs.get("tree_kwargs"):
             raise TypeError("a fit read from disk has its DataTree as saved: no tree_kwargs")
@@ -195,7 +195,7 @@ def _group(tree, name: str):
 
 
 def read(path: str | os.PathLike) -> SavedFit:
-    """A fit saved by :meth:`stanvi.Fit.save` (or :func:`stanvi.output.save`), read back.
+    """A fit saved by :meth:`stanvi.Fit.save` (or :func:`stanvi.output.writers.save`), read back.
 
     Args:
         path: the ``.nc`` file (or Zarr store) ``save`` wrote, the ``.csv`` beside it, or a
@@ -207,7 +207,7 @@ def read(path: str | os.PathLike) -> SavedFit:
         the diagnostics as computed after the fit (see the module docstring for what needs the
         model).
     """
-    from stanvi.arviz_io import load_datatree  # noqa: PLC0415
+    from stanvi.output.arviz_io import load_datatree  # noqa: PLC0415
     from stanvi.families import make_family  # noqa: PLC0415
 
     nc = _netcdf_path(Path(path))

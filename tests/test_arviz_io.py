@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import stanvi
-from stanvi.arviz_io import load_datatree, save_netcdf
+from stanvi.output.arviz_io import load_datatree, save_netcdf
 from stanvi.stan.declarations import declarations, observed_names, parse_declaration
 
 from conftest import data_dict, data_file

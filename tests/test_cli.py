@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import stanio
 
-from stanvi.arviz_io import load_datatree
+from stanvi.output.arviz_io import load_datatree
 from stanvi.cli import build_parser
 
 from conftest import data_dict, data_file, stan_file

@@ -19,7 +19,7 @@ from arviz_stats.base import array_stats
 from scipy import stats
 
 import stanvi
-from stanvi import diagnostics as dg
+from stanvi.diagnostics import report as dg
 from stanvi.stan.compiler import compile_model
 
 from conftest import MODELS_DIR
@@ -412,7 +412,7 @@ def test_funnel_stays_unreliable_with_the_larger_diagnostic_sample(seed):
 def test_a_q_collapsed_to_a_point_is_never_good(load_target):
     """Issue T3-2 item 4: a q with zero scale (MLMCVI's one-component mixture) got k̂ = −inf
     (constant ratios) and the verdict "good"."""
-    from stanvi.diagnostics import diagnose  # noqa: PLC0415
+    from stanvi.diagnostics.report import diagnose  # noqa: PLC0415
 
     fit = stanvi.fit(load_target("bernoulli"), method="trustvi", seed=0, progress=False,
                      draws=200)

@@ -332,7 +332,7 @@ def test_a_fit_that_did_not_converge_warns_even_without_progress():
 def test_summary_table_leaves_non_finite_draws_out():
     """The table (arviz-stats' statistics) ignores ±inf and NaN draws: an element with none
     finite is all NaN, one with a single finite draw has NaN sd."""
-    from stanvi.summary import summary_table  # noqa: PLC0415
+    from stanvi.output.summary import summary_table  # noqa: PLC0415
 
     rng = np.random.default_rng(3)
     a = rng.normal(size=200)

@@ -190,7 +190,7 @@ def test_exact_q_in_high_dimension_is_diagnosed_good():
     'unreliable' (TrustVI's exact full-rank fit at D = 2,000 in stanvi bench fullrank)."""
     import math  # noqa: PLC0415
 
-    from stanvi.diagnostics import compute  # noqa: PLC0415
+    from stanvi.diagnostics.report import compute  # noqa: PLC0415
 
     dim = 1500
     eps = np.random.default_rng(0).standard_normal((2000, dim))

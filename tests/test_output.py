@@ -10,8 +10,8 @@ import pytest
 import stanio
 
 import stanvi
-from stanvi.arviz_io import load_datatree
-from stanvi.output import csv_columns, read_csv, write_csv
+from stanvi.output.arviz_io import load_datatree
+from stanvi.output.writers import csv_columns, read_csv, write_csv
 from stanvi.stan.names import element_labels
 
 from conftest import data_dict, data_file
@@ -120,7 +120,7 @@ def _cmdstanpy_reads(fit, path):
 
     vb = cmdstanpy.from_csv(str(path))
     assert isinstance(vb, cmdstanpy.CmdStanVB), f"cmdstanpy could not read {path}"
-    from stanvi.output import mean_row  # noqa: PLC0415
+    from stanvi.output.writers import mean_row  # noqa: PLC0415
 
     mean = mean_row(fit)
     params = vb.variational_params_dict
@@ -313,7 +313,7 @@ def test_an_unwritable_output_directory_is_found_before_the_fit():
     import os  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from stanvi.output import check_writable  # noqa: PLC0415
+    from stanvi.output.writers import check_writable  # noqa: PLC0415
 
     if not Path("/proc/self").exists():
         pytest.skip("needs Linux's /proc")

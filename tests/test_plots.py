@@ -11,7 +11,7 @@ import pytest
 from matplotlib.figure import Figure
 
 import stanvi
-from stanvi import plots
+from stanvi.output import plots
 
 A = np.array([[1.0, 0.6], [0.6, 2.0]])
 M = np.array([0.5, -1.0])

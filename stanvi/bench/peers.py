@@ -84,7 +84,7 @@ def _fit_method(method: str, compiled, data, seed: int, options: dict):
 def _figures(method: str, result, target, common: np.ndarray) -> dict[str, Any]:
     """A run's costs, ELBO, k̂ and draws."""
     from stanvi.evaluation.protocol import summarize_run  # noqa: PLC0415
-    from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: PLC0415
+    from stanvi.diagnostics.draws import diagnostic_draw_count  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
 
     if method.startswith("trustvi"):

@@ -82,7 +82,7 @@ class ReferenceFit:
     def summary(self, percentiles: tuple[float, ...] = (5, 50, 95)):
         """Mean, sd and percentiles per element (as ``Fit.summary``); for NUTS also R-hat
         (rank-normalized split R-hat) and bulk / tail ESS from arviz-stats, per element."""
-        from stanvi.summary import summary_table  # noqa: PLC0415
+        from stanvi.output.summary import summary_table  # noqa: PLC0415
 
         table = summary_table(self.draws, percentiles)
         if self.algorithm.startswith("nuts") and self.chains > 1:
@@ -100,7 +100,7 @@ class ReferenceFit:
     def diagnostics(self):
         """NUTS: a dict with divergences, max_treedepth_hits, the largest R-hat and smallest
         bulk/tail ESS over elements (arviz-stats).  ADVI / Pathfinder: stanvi's
-        :class:`~stanvi.diagnostics.Diagnostics` (Pareto k̂ of log p − log q at the draws)."""
+        :class:`~stanvi.diagnostics.report.Diagnostics` (Pareto k̂ of log p − log q at the draws)."""
         if self.algorithm.startswith("nuts"):
             out = dict(self.sampler_diagnostics or {})
             if self.chains > 1 and self.draws:
@@ -114,7 +114,7 @@ class ReferenceFit:
                              "approximations (PSIS-resampled by default): they have no single "
                              "proposal density, so no k-hat (Stan's own PSIS k-hat warning over "
                              "all paths' draws, if any, is in `messages`)")
-        from stanvi.diagnostics import compute  # noqa: PLC0415
+        from stanvi.diagnostics.report import compute  # noqa: PLC0415
 
         return compute(self.log_p, self.log_q, method=self.algorithm)
 

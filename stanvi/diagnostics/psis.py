@@ -9,7 +9,7 @@ imports the package (xarray, pandas, xarray-einstats) and ``scipy.stats``/``scip
 about 1 s of a new process's first fit (issue 8, part 3).  ``tests/test_diagnostics.py`` checks
 k̂ and the weights against arviz-stats on many random inputs.  The effective sample size of the
 (smoothed, normalized) importance weights is 1/Σ w_s².  What k̂ means for a variational fit, and
-the verdict drawn from it, are in :mod:`stanvi.diagnostics`.
+the verdict drawn from it, are in :mod:`stanvi.diagnostics.report`.
 """
 
 from __future__ import annotations

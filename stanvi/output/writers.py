@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.arviz_attrs import jsonable
-from stanvi.arviz_io import log_g, mean_row, require_zarr, save_netcdf, save_zarr
+from stanvi.output.arviz_attrs import jsonable
+from stanvi.output.arviz_io import log_g, mean_row, require_zarr, save_netcdf, save_zarr
 from stanvi.errors import OutputError
 from stanvi.stan.names import element_labels
 
@@ -302,7 +302,7 @@ def save(fit, directory, *, basename: str | None = None, zarr: bool = False,
     Args:
         basename: ``<name>``; default :func:`default_basename` (model, method, family, seed).
         data_file: the data file named in the CSV (default: the one the fit was given).
-        tree_kwargs: options of :func:`stanvi.arviz_io.to_datatree`.
+        tree_kwargs: options of :func:`stanvi.output.arviz_io.to_datatree`.
         overwrite: replace existing files; by default an existing file is an error
             (FileExistsError), raised before anything is written.
     """

@@ -267,7 +267,7 @@ def plot_khat(fits, *, labels: Sequence[str] | None = None, path=None):
     Args:
         fits: a Fit, a list, or a dict ``{label: fit}`` (fits or Diagnostics objects).
     """
-    from stanvi.diagnostics import GOOD_K  # noqa: PLC0415
+    from stanvi.diagnostics.report import GOOD_K  # noqa: PLC0415
 
     items, names = _as_list(fits), _labels(fits, labels)
     diags = [f.diagnostics() if hasattr(f, "diagnostics") and callable(f.diagnostics) else f

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.arviz_attrs import attr_value, fit_attrs, trace_columns
+from stanvi.output.arviz_attrs import attr_value, fit_attrs, trace_columns
 
 SAMPLE_DIMS = ("chain", "draw")
 

@@ -2,7 +2,7 @@
 :func:`diagnostic_draw_count`), and their log p and log q from one batched log-density call
 (:func:`diagnostic_log_densities`), with the Gaussian families' draws and log q taken in NumPy
 (:mod:`stanvi.families.host_math`).  Why k̂ needs its own, larger set of draws, and the verdict drawn from it:
-:mod:`stanvi.diagnostics` (docs/algorithms.md#pareto-k).
+:mod:`stanvi.diagnostics.report` (docs/algorithms.md#pareto-k).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ DIAG_WORK = 64000
 
 def diagnostic_draw_count(dim: int, n_output: int = 0) -> int:
     """S_diag = max(n_output, min(32000, max(4000, 64000 // D))): the number of draws from q on
-    which k̂ is computed (:mod:`stanvi.diagnostics`: the GPD tail fit uses 3√S of them)."""
+    which k̂ is computed (:mod:`stanvi.diagnostics.report`: the GPD tail fit uses 3√S of them)."""
     by_dim = DIAG_WORK // max(int(dim), 1)
     return max(int(n_output), min(DIAG_MAX_DRAWS, max(DIAG_MIN_DRAWS, by_dim)))
 

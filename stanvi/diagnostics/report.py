@@ -30,7 +30,7 @@ estimate cannot be trusted with practical sample sizes (Vehtari et al. 2024, §3
 number of draws needed grows impractically fast).  For 0.5 < k < 1 the variance of the ratios is
 infinite but the (Pareto-smoothed) estimate still converges (Yao et al. 2018, §2.2).
 
-Diagnostic draws (:func:`diagnose`; drawn by :mod:`stanvi.diagnostic_draws`).  A GPD fitted to the
+Diagnostic draws (:func:`diagnose`; drawn by :mod:`stanvi.diagnostics.draws`).  A GPD fitted to the
 M = min(S/5, 3√S) largest ratios has a standard error of roughly (1 + k)/√M (asymptotic variance of
 the GPD shape MLE, Hosking & Wallis 1987; Zhang & Stephens 2009's estimator, which PSIS uses, is
 about as efficient).  With the 1000 output draws M = 95, and a well-fitted 1-D model (bernoulli:
@@ -55,7 +55,7 @@ largest fraction that cannot move a reported 5%/95% quantile by more than a fift
 probability; with S_diag ≥ 4000 draws its Monte Carlo error (√(0.01·0.99/4000) ≈ 0.16%) is small
 next to the 1% bound.
 
-The smoothing is arviz-stats' PSIS transcribed into NumPy (:mod:`stanvi.psis`, which says why
+The smoothing is arviz-stats' PSIS transcribed into NumPy (:mod:`stanvi.diagnostics.psis`, which says why
 and how it is checked).  The effective sample size of the (smoothed, normalized) importance
 weights is 1/Σ w_s².
 """
@@ -68,14 +68,14 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.diagnostic_draws import diagnostic_log_densities
-from stanvi.psis import MIN_DRAWS, importance_ess, psis, resample_indices
+from stanvi.diagnostics.draws import diagnostic_log_densities
+from stanvi.diagnostics.psis import MIN_DRAWS, importance_ess, psis, resample_indices
 
 # Re-exported from their own modules, as they were defined here before and callers and tests
 # import them from this one.
-from stanvi.diagnostic_draws import DIAG_MAX_DRAWS, DIAG_MIN_DRAWS, DIAG_WORK  # noqa: F401
-from stanvi.diagnostic_draws import diagnostic_draw_count  # noqa: F401
-from stanvi.psis import log_sum_exp, gpdfit, psislw, tail_draws  # noqa: F401
+from stanvi.diagnostics.draws import DIAG_MAX_DRAWS, DIAG_MIN_DRAWS, DIAG_WORK  # noqa: F401
+from stanvi.diagnostics.draws import diagnostic_draw_count  # noqa: F401
+from stanvi.diagnostics.psis import log_sum_exp, gpdfit, psislw, tail_draws  # noqa: F401
 
 VERDICTS = ("good", "use with care", "unreliable")
 GOOD_K = 0.5  # Yao et al. 2018: below 0.5 the approximation is close to the posterior

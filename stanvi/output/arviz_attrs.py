@@ -1,5 +1,5 @@
 """The metadata of a fit as netCDF-safe attributes, and its trace as columns: what the
-DataTree (:mod:`stanvi.arviz_io`) and the Stan CSV (:mod:`stanvi.output`) both write
+DataTree (:mod:`stanvi.output.arviz_io`) and the Stan CSV (:mod:`stanvi.output.writers`) both write
 (docs/algorithms.md#output-format).
 """
 
