@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stanvi.families.host_math import FullRankHostMath, MeanFieldHostMath
+from stanvi.families.host_math import FullRankHostMath, MeanFieldHostMath, tril_indices
 from stanvi.families.protocol import GaussianDefaults
 
 LOG_2PI = math.log(2.0 * math.pi)
@@ -144,7 +144,7 @@ class FullRank(FullRankHostMath, GaussianDefaults):
         return self.dim + self.dim * (self.dim + 1) // 2
 
     def _tril(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.tril_indices(self.dim)
+        return tril_indices(self.dim)   # cached: a fit asks thousands of times
 
     def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
         """λ₀ = (μ₀, L₀ = exp(ω₀) I); Stan ADVI starts full-rank from L₀ = I
