@@ -61,6 +61,19 @@ def test_hvp_exact_flag_for_ordinary_models(compiled, load_target):
         assert load_target(key).hvp_exact is True
 
 
+def test_ode_models_get_the_finite_difference_build_at_once(compiled):
+    """ODE solvers cannot take fvar<var>: the ODE example is built for finite-difference HVPs
+    without a failed exact compile first (the exact build is never tried), and a program
+    without such a call is not affected."""
+    from stanvi.stan.compiler import nested_autodiff_possible  # noqa: PLC0415
+
+    assert compiled("ode").hvp_exact is False
+    assert not nested_autodiff_possible(stan_file("ode").read_text())
+    assert not nested_autodiff_possible("y = integrate_ode_rk45(f, y0, t0, ts, th, x_r, x_i);")
+    assert nested_autodiff_possible(stan_file("eight_schools").read_text())
+    assert nested_autodiff_possible("real node_count; x ~ normal(mode_ (1), 1);")
+
+
 def test_variables_and_kinds(tp_gq):
     kinds = tp_gq.variable_kinds()
     assert kinds == {"alpha": "parameter", "beta": "parameter", "sigma": "parameter",

@@ -32,7 +32,7 @@ from stanvi.estimators.subsampled import Naive, noise, row_gradients
 from stanvi.estimators.taylor_cv import TaylorCV
 from stanvi.families.gaussian import MeanField
 from stanvi.fit import fit as stanvi_fit
-from stanvi.methods.jointcv import Optimizer, Schedule
+from stanvi.methods.jointcv import Epoch, OptimizerState, next_batch, optimizer_step
 from stanvi.targets.subsampled import logistic_regression_target
 
 PROBLEMS = {"sonar": (208, 60), "australian": (690, 14), "large": (100_000, 20)}
@@ -108,13 +108,12 @@ def variance_along_run(target, family, *, b: int, lr: float, optimizer: str, ite
     params = np.concatenate([rng.standard_normal(d), rng.standard_normal(d)])  # paper init
     joint = JointSAGA(target, family)
     naive, cv = Naive(target, family), TaylorCV(target, family)
-    schedule = Schedule(n, b, rng)
-    opt = Optimizer(optimizer, lr)
+    schedule, opt = Epoch(), OptimizerState()
     warmup = math.ceil(n / b)
     out = []
     mrng = np.random.default_rng(seed + 1)
     for k in range(1, iters + 1):
-        idx, end = schedule.next()
+        idx, end, schedule = next_batch(n, b, rng, schedule)
         eps = rng.standard_normal(d)
         if k <= warmup:
             g = joint.warmup_gradient(params, idx, eps)
@@ -124,7 +123,7 @@ def variance_along_run(target, family, *, b: int, lr: float, optimizer: str, ite
             g = joint.gradient(params, idx, eps)
             if end:
                 joint.end_epoch()
-        params = opt.step(params, g)
+        params, opt = optimizer_step(optimizer, lr, 0.0, params, g, opt)
         if k in checkpoints:
             row = {"iteration": k, **decomposition(target, family, params, b, reps, mrng)}
             row["naive"] = estimator_variance(naive, params, b, reps, mrng)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
@@ -134,52 +134,58 @@ class DataLedger(OracleLedger):
                 "term_hvps": self.term_hvps, "full_gradients": self.full_gradients}
 
 
-@dataclass
-class Optimizer:
-    """SGD (optional heavy-ball momentum) or Adam with optax's defaults
-    (:mod:`stanvi.optim.first_order`), in NumPy on the host."""
+class OptimizerState(NamedTuple):
+    """SGD's heavy-ball velocity (None before the first step, or without momentum) and Adam's
+    moments (:mod:`stanvi.optim.first_order`)."""
 
-    kind: str
-    lr: float
-    momentum: float = 0.0
     velocity: np.ndarray | None = None
     adam: AdamState = AdamState()
 
-    def step(self, params: np.ndarray, g: np.ndarray) -> np.ndarray:
-        if self.kind == "sgd":
-            if self.momentum:
-                self.velocity = g = heavy_ball(g, self.velocity, self.momentum)
-            return params - self.lr * g
-        update, self.adam = adam_update(g, self.adam, self.lr)
-        return params + update
+
+def optimizer_step(kind: str, lr: float, momentum: float, params: np.ndarray, g: np.ndarray,
+                   opt: OptimizerState) -> tuple[np.ndarray, OptimizerState]:
+    """One step of SGD (``kind`` 'sgd', optional heavy-ball momentum) or Adam with optax's
+    defaults, in NumPy on the host: (new parameters, the optimizer's next state)."""
+    if kind == "sgd":
+        if momentum:
+            g = heavy_ball(g, opt.velocity, momentum)
+            opt = opt._replace(velocity=g)
+        return params - lr * g, opt
+    update, adam = adam_update(g, opt.adam, lr)
+    return params + update, opt._replace(adam=adam)
 
 
-@dataclass
-class Schedule:
-    """Minibatches by reshuffling every epoch (docs/jointcv.md#minibatches), the last batch of an
-    epoch smaller when b does not divide N; tells when an epoch ends."""
+class Epoch(NamedTuple):
+    """Where the minibatch schedule stands: the epoch's permutation (None before the first
+    batch), the position in it and the number of epochs completed."""
 
-    n: int
-    b: int
-    rng: np.random.Generator
+    perm: np.ndarray | None = None
+    pos: int = 0
     epoch: int = 0
-    _perm: np.ndarray = field(default=None)
-    _pos: int = 0
 
-    def next(self) -> tuple[np.ndarray, bool]:
-        if self._perm is None or self._pos >= self.n:
-            self._perm = self.rng.permutation(self.n)
-            self._pos = 0
-        idx = self._perm[self._pos:self._pos + self.b]
-        self._pos += self.b
-        end = self._pos >= self.n
-        if end:
-            self.epoch += 1
-        return np.sort(idx), end
+
+def next_batch(n: int, b: int, rng: np.random.Generator, at: Epoch
+               ) -> tuple[np.ndarray, bool, Epoch]:
+    """The next minibatch by reshuffling every epoch (docs/jointcv.md#minibatches), the last
+    batch of an epoch smaller when b does not divide N: (sorted indices, whether the epoch
+    ended, the schedule's next position)."""
+    perm, pos = at.perm, at.pos
+    if perm is None or pos >= n:
+        perm, pos = rng.permutation(n), 0
+    idx = perm[pos:pos + b]
+    pos += b
+    end = pos >= n
+    return np.sort(idx), end, Epoch(perm, pos, at.epoch + int(end))
 
 
 class State(NamedTuple):
+    """The run's state between iterations (the estimator keeps its own table)."""
+
     params: np.ndarray
+    optimizer: OptimizerState = OptimizerState()
+    schedule: Epoch = Epoch()
+    warmup: bool = False
+    eval_seconds: float = 0.0
 
 
 def subsampled_target(target, options: Options, seed: int):
@@ -250,16 +256,15 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     ledger = DataLedger(n_terms=n)
     trace = Trace()
     eval_eps = eval_rng.standard_normal((o.elbo_draws, family.dim))
-    timers = {"eval": 0.0}
 
-    def evaluate(p: np.ndarray) -> dict[str, float]:
+    def evaluate(p: np.ndarray, seconds: float) -> dict[str, float]:
+        """The full-data ELBO row at ``p``; ``eval_time``: the evaluations' seconds so far."""
         t0 = time.perf_counter()
         elbo, se = full_data_elbo(sub.full, family, p, eval_eps, n)
-        timers["eval"] += time.perf_counter() - t0
-        return {"elbo": elbo, "elbo_se": se, "eval_time": timers["eval"]}
+        return {"elbo": elbo, "elbo_se": se, "eval_time": seconds + time.perf_counter() - t0}
 
-    trace.record(0, params, ledger, phase="init", epoch=0, **evaluate(params))
-    schedule = Schedule(n, b, rng)
+    first = evaluate(params, 0.0)
+    trace.record(0, params, ledger, phase="init", epoch=0, **first)
     warmup_iters = 0
     if est.uses_table:
         if o.warmup_epochs == 0:
@@ -268,15 +273,13 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
             ledger.charge(before, sub.terms.snapshot())
         else:
             warmup_iters = o.warmup_epochs * math.ceil(n / b)
-    opt = Optimizer(o.optimizer, o.step_size, o.momentum)
-    phase = {"warmup": warmup_iters > 0}
 
     def step(state: State, k: int) -> StepOutcome:
-        idx, epoch_end = schedule.next()
+        idx, epoch_end, schedule = next_batch(n, b, rng, state.schedule)
         eps = rng.standard_normal((len(idx), family.dim) if o.per_datum_eps else family.dim)
         before = sub.terms.snapshot()
         try:
-            if phase["warmup"]:
+            if state.warmup:
                 g = est.warmup_gradient(state.params, idx, eps)
             else:
                 g = est.gradient(state.params, idx, eps)
@@ -284,32 +287,40 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
             ledger.charge(before, sub.terms.snapshot())
             return StepOutcome(state, None, ("failed", f"the model failed at iteration {k}: {exc}"))
         ledger.charge(before, sub.terms.snapshot())
-        row: dict[str, Any] = {"phase": "warmup" if phase["warmup"] else "main",
+        row: dict[str, Any] = {"phase": "warmup" if state.warmup else "main",
                                "epoch": schedule.epoch}
-        if phase["warmup"] and k >= warmup_iters:
+        warmup = state.warmup
+        if warmup and k >= warmup_iters:
             est.finish_warmup()
-            phase["warmup"] = False
-        elif epoch_end and not phase["warmup"]:
+            warmup = False
+        elif epoch_end and not warmup:
             est.end_epoch()
         if not np.all(np.isfinite(g)):
             return StepOutcome(state, None, ("failed", f"non-finite gradient estimate at "
                                              f"iteration {k} (step size too large?)"))
-        new = opt.step(state.params, g)
+        new, optimizer = optimizer_step(o.optimizer, o.step_size, o.momentum, state.params, g,
+                                        state.optimizer)
         if not np.all(np.isfinite(new)) or divergence(family, new):
             return StepOutcome(state, None, ("failed", f"the iterate ran away at iteration {k} "
                                              f"(step size {o.step_size:g} too large?)"))
         row["grad_norm"] = float(np.linalg.norm(g))
+        seconds = state.eval_seconds
         if k % o.elbo_every == 0 or k == o.max_iters:
-            row.update(evaluate(new))
-        return StepOutcome(State(new), row)
+            row.update(evaluate(new, seconds))
+            seconds = row["eval_time"]
+        return StepOutcome(State(new, optimizer, schedule, warmup, seconds), row)
 
-    state, k, status, message = iterate(step, State(params), max_iters=o.max_iters, trace=trace,
+    state0 = State(params, warmup=warmup_iters > 0, eval_seconds=first["eval_time"])
+    state, k, status, message = iterate(step, state0, max_iters=o.max_iters, trace=trace,
                                         ledger=ledger, context=context)
+    eval_seconds = state.eval_seconds
     if trace.rows[-1]["iteration"] != 0 and "elbo" not in trace.rows[-1]:
-        trace.rows[-1].update(evaluate(state.params))
+        trace.rows[-1].update(evaluate(state.params, eval_seconds))
+        eval_seconds = trace.rows[-1]["eval_time"]
     info = {"estimator": est.name, "n_terms": n, "batch_size": b, "step_size": o.step_size,
-            "warmup_iterations": warmup_iters, "init": init_source, "epochs": schedule.epoch,
-            "eval_seconds": timers["eval"], "term_gradients": ledger.term_gradients,
+            "warmup_iterations": warmup_iters, "init": init_source,
+            "epochs": state.schedule.epoch, "eval_seconds": eval_seconds,
+            "term_gradients": ledger.term_gradients,
             "term_hvps": ledger.term_hvps, "full_gradients": ledger.full_gradients}
     if hasattr(sub, "describe"):
         info["blocks"] = sub.describe()

@@ -77,22 +77,31 @@ class MLMCLedger(OracleLedger):
                 "monitor_gradient": self.monitor_gradient}
 
 
-@dataclass
-class _Optimizer:
+def optimizer_step(kind: str, theta: np.ndarray, g: np.ndarray, lr: float, adam: AdamState,
+                   fisher_scale: np.ndarray | None = None) -> tuple[np.ndarray, AdamState]:
     """SGD, θ − α_t G [P], natural-gradient SGD [C], or Adam fed with G at step size α_t
-    [EXT E1, docs/mlmcvi.md#extensions; :mod:`stanvi.optim.first_order`]."""
+    [EXT E1, docs/mlmcvi.md#extensions; :mod:`stanvi.optim.first_order`]: (θ_{k+1}, Adam's
+    next state)."""
+    if kind == "sgd":
+        return theta - lr * g, adam
+    if kind == "natural":   # θ − α F⁻¹G, F = diag(fisher_scale²) (Amari 1998)
+        return theta - lr * g / (fisher_scale * fisher_scale), adam
+    update, adam = adam_update(g, adam, lr)
+    return theta + update, adam
 
-    kind: str
-    adam: AdamState = AdamState()
 
-    def step(self, theta: np.ndarray, g: np.ndarray, lr: float,
-             fisher_scale: np.ndarray | None = None) -> np.ndarray:
-        if self.kind == "sgd":
-            return theta - lr * g
-        if self.kind == "natural":   # θ − α F⁻¹G, F = diag(fisher_scale²) (Amari 1998)
-            return theta - lr * g / (fisher_scale * fisher_scale)
-        update, self.adam = adam_update(g, self.adam, lr)
-        return theta + update
+class Watch(NamedTuple):
+    """What the stopping rules and the run's record remember between iterations."""
+
+    best: tuple[float, np.ndarray] | None = None   # the best evaluated (ELBO, parameters)
+    last_elbo: float = -np.inf
+    flat: int = 0                # evaluations in a row with a rise below tol_elbo
+    falling: int = 0             # evaluations in a row with a fall
+    calm: int = 0                # iterations in a row with a parameter change below tol
+    restarts: int = 0
+    redrawn: int = 0
+    collapse_t: int | None = None   # the iteration of the scale-collapse warning
+    eval_seconds: float = 0.0
 
 
 class State(NamedTuple):
@@ -100,6 +109,8 @@ class State(NamedTuple):
     theta: np.ndarray           # θ_k in the optimization coordinates
     theta_prev: np.ndarray      # θ_{k−1}
     G: np.ndarray | None        # the last gradient estimate (G_{k−1})
+    adam: AdamState = AdamState()
+    watch: Watch = Watch()
 
 
 #: The stop's certificate: a fresh gradient of this many draws, and the gain (nats) it may
@@ -122,10 +133,10 @@ def natural_gain(est, family, params: np.ndarray, eps: np.ndarray) -> float:
     return gain if np.isfinite(gain) else np.inf
 
 
-def _elbo_rule(o: Options, t: int, elbo: float, params: np.ndarray, counters: dict,
-               certify) -> tuple[str, str] | None:
+def _elbo_rule(o: Options, t: int, elbo: float, params: np.ndarray, watch: Watch,
+               certify) -> tuple[tuple[str, str] | None, Watch]:
     """The default profile's stop, on the ELBO of the fixed evaluation draws (no Monte Carlo
-    noise between evaluations): the best iterate so far is kept (``counters['best']``); once the
+    noise between evaluations): the best iterate so far is kept (``watch.best``); once the
     step size has dropped (before, the iterates' SGD noise moves the ELBO more than the
     tolerance either way), ``converged`` when the ELBO rose by less than ``tol_elbo`` but did not
     fall at two evaluations in a row *and* ``certify(params)``, the natural-gradient gain of a
@@ -133,31 +144,30 @@ def _elbo_rule(o: Options, t: int, elbo: float, params: np.ndarray, counters: di
     optimum: on a hierarchical radon model one sat 12 nats below it); ``max_iters`` with the
     reason when the ELBO fell at three in a row (the accumulated multilevel gradient error
     pushes the iterates away: the best iterate is the result)."""
-    best = counters.get("best")
+    best = watch.best
     if np.isfinite(elbo) and (best is None or elbo > best[0]):
-        counters["best"] = (elbo, params.copy())
-    rise = elbo - counters.get("last_elbo", -np.inf)
-    counters["last_elbo"] = elbo
+        best = (elbo, params.copy())
+    rise = elbo - watch.last_elbo
+    watch = watch._replace(best=best, last_elbo=elbo)
     if t < o.drop_every:
-        return None
+        return None, watch
     falling = not rise > -o.tol_elbo
-    counters["flat"] = counters.get("flat", 0) + 1 if (not falling and rise < o.tol_elbo) else 0
-    counters["falling"] = counters.get("falling", 0) + 1 if falling else 0
-    if counters["flat"] >= 2:
+    watch = watch._replace(flat=watch.flat + 1 if (not falling and rise < o.tol_elbo) else 0,
+                           falling=watch.falling + 1 if falling else 0)
+    if watch.flat >= 2:
         gain = certify(params)
-        counters["certified_gain"] = gain
         if gain <= CERTIFY_GAIN:
             return ("converged", f"the ELBO rose by less than tol_elbo={o.tol_elbo:g} nats at "
                     f"two evaluations {o.elbo_every} levels apart, and a fresh "
                     f"{CERTIFY_DRAWS}-draw gradient predicts {gain:.2g} nats more "
-                    f"(natural-gradient gain)")
-        counters["flat"] = 0   # a plateau of the SGD's noise, not the optimum: go on
-    if counters["falling"] >= 3:
+                    f"(natural-gradient gain)"), watch
+        watch = watch._replace(flat=0)   # a plateau of the SGD's noise, not the optimum: go on
+    if watch.falling >= 3:
         return ("max_iters", f"the ELBO fell at three evaluations in a row (to {elbo:.6g}, "
-                f"the best {counters['best'][0]:.6g}): the multilevel gradient's "
+                f"the best {watch.best[0]:.6g}): the multilevel gradient's "
                 f"accumulated error moves the iterates away from the optimum; the "
-                f"best iterate is returned (method='trustvi' certifies its optimum)")
-    return None
+                f"best iterate is returned (method='trustvi' certifies its optimum)"), watch
+    return None, watch
 
 
 def noise_source(rng: np.random.Generator, kind: str, dim: int):
@@ -218,19 +228,18 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     theta0 = coords.from_family(params0)
     trace = Trace(compile_clock=compile_clock(context.estimator))
     eval_eps = eval_rng.standard_normal((o.elbo_draws, family.dim))
-    timers = {"eval": 0.0}
     est = context.estimator
 
-    def evaluate(params: np.ndarray) -> dict[str, float]:
+    def evaluate(params: np.ndarray, seconds: float) -> dict[str, float]:
+        """The ELBO row at ``params``; ``eval_time``: the monitoring's seconds so far."""
         t0 = time.perf_counter()
         vals = np.asarray(est.values(params, eval_eps))
         ledger.monitor_log_density += len(vals)
-        timers["eval"] += time.perf_counter() - t0
         finite = np.isfinite(vals)
         elbo = float(vals.mean()) if finite.all() else -np.inf
         se = float(vals.std(ddof=1) / math.sqrt(len(vals))) if finite.all() and len(vals) > 1 \
             else np.nan
-        return {"elbo": elbo, "elbo_se": se, "eval_time": timers["eval"]}
+        return {"elbo": elbo, "elbo_se": se, "eval_time": seconds + time.perf_counter() - t0}
 
     def certify(params: np.ndarray) -> float:
         eps = eval_rng.standard_normal((CERTIFY_DRAWS, family.dim))
@@ -238,18 +247,19 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         ledger.gradient(CERTIFY_DRAWS)
         return gain
 
-    trace.record(0, params0, ledger, t=-1, **evaluate(params0))
-    opt = _Optimizer(o.optimizer)
-    counters = {"restarts": 0, "calm": 0, "collapse_warned": False, "redrawn": 0}
+    first = evaluate(params0, 0.0)
+    trace.record(0, params0, ledger, t=-1, **first)
 
-    def charge(stats) -> None:
+    def charge(stats) -> int:
+        """Charges a level's draws to the ledger; returns the redrawn ones."""
         used = stats.evaluated - stats.redrawn
         ledger.gradient(used)
         if stats.redrawn:
             ledger.redrawn(stats.redrawn)
-            counters["redrawn"] += stats.redrawn
+        return stats.redrawn
 
     def snr_row(state: State, t: int, n: int, restart: bool) -> dict[str, float]:
+        """The replicate variance and SNR row; ``seconds``: the monitoring's so far after it."""
         t0 = time.perf_counter()
         if o.estimator == "mlmc" and t >= 1 and not restart:
             reps, evaluated = replicate_estimates(
@@ -260,14 +270,15 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                 target, coords, theta=state.theta, theta_prev=None, base=None, draw=snr_draw,
                 n=n, reps=o.snr_reps, truncate=o.truncate)
         ledger.monitor_gradient += evaluated
-        timers["eval"] += time.perf_counter() - t0
-        return variance_and_snr(reps)
+        return {**variance_and_snr(reps),
+                "seconds": state.watch.eval_seconds + time.perf_counter() - t0}
 
     def step(state: State, k: int) -> StepOutcome:
         t = k - 1                                   # the paper's iteration / level
         eta = sched.eta(t)
         alpha = o.lr0 * eta
         restart = False
+        watch = state.watch
         row: dict[str, Any] = {"t": t, "eta": eta, "alpha": alpha}
         if o.snr_every is not None and t % o.snr_every == 0:
             if o.estimator == "mlmc":
@@ -275,8 +286,10 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                     else sample_size(sched, t, o.n0)
             else:
                 n_snr = baseline_n
-            row.update(snr_row(state, t, n_snr,
-                               bool(o.restart_every and t >= 1 and t % o.restart_every == 0)))
+            snr = snr_row(state, t, n_snr,
+                          bool(o.restart_every and t >= 1 and t % o.restart_every == 0))
+            watch = watch._replace(eval_seconds=snr.pop("seconds"))
+            row.update(snr)
         try:
             if o.estimator != "mlmc":
                 stats = mlrg.plain(state.theta, draw, baseline_n) if own_levels is not None \
@@ -289,7 +302,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                 if t == 0 or (o.restart_every is not None and t % o.restart_every == 0):
                     restart = t > 0
                     stats = mlrg.start(state.theta, draw, o.n0)
-                    counters["restarts"] += int(restart)
+                    watch = watch._replace(restarts=watch.restarts + int(restart))
                     n_t = o.n0
                 else:
                     n_t = sample_size(sched, t, o.n0)
@@ -299,26 +312,26 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                            acc_var=mlrg.acc, restart=restart)
         except GradientFailure as exc:
             ledger.gradient(exc.evaluated)
-            return StepOutcome(state, None, ("failed", f"mlmcvi: {exc} at iteration {t}"))
-        charge(stats)
+            return StepOutcome(state._replace(watch=watch), None,
+                               ("failed", f"mlmcvi: {exc} at iteration {t}"))
+        watch = watch._replace(redrawn=watch.redrawn + charge(stats))
         if not np.all(np.isfinite(G)):
-            return StepOutcome(state, None, ("failed", f"non-finite gradient estimate at "
-                                             f"iteration {t} (lr0 too large?)"))
-        new_theta = opt.step(state.theta, G, alpha,
-                             family.metric_scale(state.params) if o.optimizer == "natural"
-                             else None)
+            return StepOutcome(state._replace(watch=watch), None, (
+                "failed", f"non-finite gradient estimate at iteration {t} (lr0 too large?)"))
+        new_theta, adam = optimizer_step(
+            o.optimizer, state.theta, G, alpha, state.adam,
+            family.metric_scale(state.params) if o.optimizer == "natural" else None)
         new_params = coords.to_family(new_theta)
         if not np.all(np.isfinite(new_params)) or divergence(family, new_params):
-            return StepOutcome(state, None, ("failed", f"the iterate ran away at iteration {t} "
-                                             f"(lr0 {o.lr0:g} too large?)"))
+            return StepOutcome(state._replace(watch=watch), None, (
+                "failed", f"the iterate ran away at iteration {t} (lr0 {o.lr0:g} too large?)"))
         step_norm = float(np.linalg.norm(new_theta - state.theta))
         row.update(grad_norm=float(np.linalg.norm(G)), step_norm=step_norm)
         if o.estimator == "mlmc" and o.scale_param == "log" and mlrg.acc_coord is not None \
-                and not counters["collapse_warned"]:
+                and watch.collapse_t is None:
             sd = np.sqrt(np.nan_to_num(mlrg.acc_coord[coords.scale_index()]))
             if sd.max() > 1.0 / 3.0:
-                counters["collapse_warned"] = True
-                counters["collapse_t"] = t
+                watch = watch._replace(collapse_t=t)
                 warnings.warn(f"mlmcvi: the accumulated gradient error of a log-scale "
                               f"coordinate has s.d. {sd.max():.2f} > 1/3 at iteration {t}: its "
                               f"scale may collapse (docs/mlmcvi.md#scale-collapse); consider "
@@ -326,31 +339,35 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                               StanviWarning, stacklevel=4)
         stop = None
         if k % o.elbo_every == 0 or k == T + 1:
-            row.update(evaluate(new_params))
+            row.update(evaluate(new_params, watch.eval_seconds))
+            watch = watch._replace(eval_seconds=row["eval_time"])
             if o.tol_elbo is not None:
-                stop = _elbo_rule(o, t, row["elbo"], new_params, counters, certify)
+                stop, watch = _elbo_rule(o, t, row["elbo"], new_params, watch, certify)
         if o.tol is not None and stop is None:
             scale = 1.0 + float(np.max(np.abs(state.theta)))
-            counters["calm"] = counters["calm"] + 1 if \
-                float(np.max(np.abs(new_theta - state.theta))) < o.tol * scale else 0
-            if counters["calm"] >= o.patience:
+            watch = watch._replace(calm=watch.calm + 1 if float(np.max(np.abs(
+                new_theta - state.theta))) < o.tol * scale else 0)
+            if watch.calm >= o.patience:
                 stop = ("converged", f"parameter change below tol={o.tol:g} for "
                         f"{o.patience} iterations")
-        return StepOutcome(State(new_params, new_theta, state.theta, G.copy()), row, stop)
+        return StepOutcome(State(new_params, new_theta, state.theta, G.copy(), adam, watch), row,
+                           stop)
 
-    state0 = State(params0, theta0, theta0, None)
+    state0 = State(params0, theta0, theta0, None, watch=Watch(eval_seconds=first["eval_time"]))
     state, k, status, message = iterate(step, state0, max_iters=T + 1, trace=trace,
                                         ledger=ledger, context=context)
     if status == "max_iters" and k == T + 1 and not message.startswith("the ELBO fell"):
         message = f"reached level T={T} ({T + 1} updates)"
+    watch = state.watch
     if len(trace.rows) > 1 and "elbo" not in trace.rows[-1]:
-        trace.rows[-1].update(evaluate(state.params))
+        trace.rows[-1].update(evaluate(state.params, watch.eval_seconds))
+        watch = watch._replace(eval_seconds=trace.rows[-1]["eval_time"])
     info = {**start_info, **({"optimizer_fallback": fallback} if fallback else {}),
             "estimator": o.estimator, "scale_param": o.scale_param,
             "init": init_source,
             "n0": o.n0, "scheduler": o.scheduler, "beta": o.beta, "drop_every": o.drop_every,
-            "lr0": o.lr0, "optimizer": o.optimizer, "restarts": counters["restarts"],
-            "eval_seconds": timers["eval"], "redrawn_draws": counters["redrawn"],
+            "lr0": o.lr0, "optimizer": o.optimizer, "restarts": watch.restarts,
+            "eval_seconds": watch.eval_seconds, "redrawn_draws": watch.redrawn,
             "planned_cost": mlmc_cost(sched, o.n0, T) if o.estimator == "mlmc"
             else baseline_n * (T + 1),
             "cost_ratio_vs_mc_n0": ratio, "low_cost_ok": low_cost_ok(sched, o.n0, T),
@@ -359,12 +376,12 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         info["baseline_draws"] = baseline_n
     else:
         info["accumulated_error_var"] = mlrg.acc
-        if counters["collapse_warned"]:
-            info["collapse_risk_iteration"] = counters["collapse_t"]
+        if watch.collapse_t is not None:
+            info["collapse_risk_iteration"] = watch.collapse_t
     if status == "failed" and not np.all(np.isfinite(state.params)):
         raise VIError(f"mlmcvi: {message}")
     params = state.params
-    best = counters.get("best")
+    best = watch.best
     if best is not None and best[0] > trace.rows[-1].get("elbo", -np.inf) and status != "failed":
         params = best[1]   # the ELBO rule keeps the best evaluated iterate
         info["best_elbo"] = best[0]
