@@ -310,3 +310,46 @@ def test_stans_own_algorithms_as_batch_methods(pdb_tree, tmp_path):
     # draws) is log Z up to Monte Carlo error
     path = records["pathfinder"]
     assert abs(path["elbo"] - log_z) < 4 * path["elbo_se"] + 0.02
+
+
+def test_nuts_references_for_example_models(example_tree, tmp_path):
+    """``reference='nuts'`` gives each runnable model a NUTS reference (4 chains), judged
+    trustworthy here (the posterior is N(mean y, 1/N)), and scores the fits against it; a batch
+    of references only (no methods) and a second run reuse the stored references."""
+    runs = tmp_path / "runs"
+    cases = [c for c in discover_example_models(example_tree) if c.name.startswith("a/")]
+    config = BatchConfig(methods=(("trustvi", None),), seeds=1, reference="nuts")
+    counts = run_batch(cases, runs, config, workers=1, progress=False)
+    assert counts == {"converged": 1}
+    store = RunStore(runs)
+    ref = store.get("reference", "a/normal")
+    assert ref["status"] == "ok" and ref["trustworthy"] is True and ref["message"] == ""
+    assert len(ref["attempts"]) == 1 and ref["attempts"][0]["max_r_hat"] < 1.01
+    assert ref["reference_draws"] == 4000 and ref["reference_unconstrained"]
+    with np.load(runs / "references" / "a_normal.npz") as z:
+        mu = z["c:mu"]
+    assert abs(mu.mean() - POST_MEAN) < 4 * POST_SD / np.sqrt(400)   # ESS >= 400
+    assert abs(mu.std() / POST_SD - 1) < 0.1
+    (fit,) = store.query("fit")
+    acc = fit["accuracy"]["constrained"]["marginals"]["mu"]
+    assert acc["mean_error_sd"] < 0.2 and abs(acc["sd_ratio"] - 1) < 0.2
+    files = sorted((runs / "records" / "reference").glob("*.json"))
+    mtimes = [p.stat().st_mtime_ns for p in files]
+    more = [c for c in discover_example_models(example_tree) if c.name.startswith(("a/", "b/"))]
+    run_batch(more, runs, BatchConfig(methods=(), reference="nuts"), workers=1, progress=False)
+    assert store.get("reference", "b/normal")["trustworthy"] is True
+    assert [p.stat().st_mtime_ns for p in files] == mtimes   # a/normal's record kept
+
+
+def test_trust_reasons_name_each_failed_check():
+    from stanvi.batch.nuts_reference import trust_reasons
+
+    good = {"max_r_hat": 1.003, "min_ess_bulk": 900.0, "min_ess_tail": 700.0, "divergences": 0}
+    assert trust_reasons(good) == []
+    bad = {"max_r_hat": 1.08, "min_ess_bulk": 120.0, "min_ess_tail": 410.0, "divergences": 3}
+    reasons = trust_reasons(bad)
+    assert reasons == ["largest R-hat 1.08 > 1.01", "smallest bulk ESS 120 < 400",
+                       "3 divergent transition(s) after warmup"]
+    assert "R-hat could not be computed" in trust_reasons({**good, "max_r_hat": float("nan")})
+    assert "tail ESS could not be computed" in " ".join(trust_reasons(
+        {k: v for k, v in good.items() if k != "min_ess_tail"}))

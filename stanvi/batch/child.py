@@ -13,6 +13,8 @@ Jobs:
   workers safe; a cached library is found by content), load it with its data, and for a
   posterior with reference draws write them, in constrained and (where the reference has every
   parameter) unconstrained space, to ``<runs>/references/<model>.npz`` for the fit tasks.
+* ``reference``: a NUTS reference for a model that has none (:mod:`stanvi.batch.nuts_reference`),
+  written where the compile task writes posteriordb's.
 * ``fit``: ``stanvi.fit`` of the compiled library with the job's method, profile, family, seed and
   options; the record holds the status and message, the final ELBO from 10,000 fresh draws with
   its standard error, the paper protocol's figures (the final ELBO on draws common to every run
@@ -62,7 +64,7 @@ def reference_file(runs_dir: str | Path, model: str) -> Path:
 
 
 def compile_job(job: dict) -> dict[str, Any]:
-    from stanvi.evaluation.accuracy import reference_unconstrained  # noqa: PLC0415
+    from stanvi.evaluation.accuracy import write_reference_npz  # noqa: PLC0415
     from stanvi.batch.discover import load_data  # noqa: PLC0415
     from stanvi.batch.posteriordb import read_reference_draws  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
@@ -88,21 +90,15 @@ def compile_job(job: dict) -> dict[str, Any]:
     record.update(status="ok", message="", dim=int(target.dim),
                   variables={v.name: list(v.shape) for v in target.variables()})
     if case.reference is not None:
+        path = reference_file(job["runs_dir"], case.name)
         try:
             ref = read_reference_draws(case.reference)
-            unc, why = reference_unconstrained(target, ref)
+            unconstrained, why = write_reference_npz(path, target, ref)
         except Exception as exc:  # noqa: BLE001
             record.update(reference="unreadable", reference_message=_first_lines(exc))
             return record
-        path = reference_file(job["runs_dir"], case.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {f"c:{k}": v for k, v in ref.items()}
-        arrays.update({f"u:{k}": v for k, v in (unc or {}).items()})
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
         record.update(reference=str(path), reference_draws=len(next(iter(ref.values()))),
-                      reference_unconstrained=unc is not None, reference_message=why)
+                      reference_unconstrained=unconstrained, reference_message=why)
     return record
 
 
@@ -193,7 +189,24 @@ def fit_job(job: dict) -> dict[str, Any]:
     return record
 
 
-JOBS = {"compile": compile_job, "fit": fit_job}
+def reference_job(job: dict) -> dict[str, Any]:
+    """A NUTS reference for a model without one (:mod:`stanvi.batch.nuts_reference`), written
+    to ``job['reference_path']``."""
+    from stanvi.batch.discover import load_data  # noqa: PLC0415
+    from stanvi.batch.nuts_reference import nuts_reference  # noqa: PLC0415
+
+    case = _case(job)
+    try:
+        data = load_data(case)
+    except Exception as exc:  # noqa: BLE001
+        return {"status": "data_error", "message": _first_lines(exc)}
+    try:
+        return nuts_reference(case, data, Path(job["reference_path"]))
+    except Exception as exc:  # noqa: BLE001 — Stan's message names what is wrong
+        return {"status": "error", "message": _first_lines(exc)}
+
+
+JOBS = {"compile": compile_job, "fit": fit_job, "reference": reference_job}
 
 
 def main() -> int:

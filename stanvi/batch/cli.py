@@ -91,13 +91,15 @@ def cases_from_source(source: str | Path, *, glob: str | None = None, exclude: s
 def _cmd_batch(args: argparse.Namespace) -> int:
     from stanvi.batch.runner import BatchConfig, check_config, run_batch  # noqa: PLC0415
 
-    methods = parse_methods(args.methods, args.profile)
+    methods = (() if args.methods.strip().lower() in ("", "none")
+               else parse_methods(args.methods, args.profile))
     families = tuple(f.strip() for f in args.family.split(",") if f.strip())
     options = parse_options(args.options)
     config = BatchConfig(methods=methods, families=families, seeds=args.seeds, options=options,
                          max_dim=args.max_dim, fullrank_max_dim=args.fullrank_max_dim,
                          timeout=args.timeout, compile_timeout=args.compile_timeout,
-                         draws=args.draws)
+                         draws=args.draws, reference=args.reference,
+                         reference_timeout=args.reference_timeout)
     check_config(config)   # a bad method, profile or family fails before any work
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     cases = cases_from_source(args.source, glob=args.glob, exclude=args.exclude, names=names,
@@ -106,8 +108,8 @@ def _cmd_batch(args: argparse.Namespace) -> int:
                               sample_seed=args.sample_seed)
     runnable = sum(c.skip is None for c in cases)
     print(f"stanvi batch: {len(cases)} models in {args.source} ({runnable} runnable), "
-          f"{len(methods)} method(s) x {len(families)} family(ies) x {args.seeds} seed(s) -> "
-          f"{args.out}")
+          f"{len(methods)} method(s) x {len(families)} family(ies) x {args.seeds} seed(s)"
+          f"{', NUTS references' if args.reference else ''} -> {args.out}")
     counts = run_batch(cases, args.out, config, scheduler=args.scheduler, workers=args.workers,
                        progress=not args.quiet)
     print("fit records by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -121,7 +123,15 @@ def add_batch_parser(sub) -> None:
     p.add_argument("source", help="a stan-dev/example-models or stan-dev/posteriordb checkout")
     p.add_argument("--out", required=True, help="runs directory (the results store)")
     p.add_argument("--methods", default="trustvi,advi",
-                   help="comma-separated method[:profile] list (default trustvi,advi)")
+                   help="comma-separated method[:profile] list (default trustvi,advi; 'none': "
+                        "only the references of --reference)")
+    p.add_argument("--reference", choices=("nuts",), default=None,
+                   help="nuts: give every model without reference draws a NUTS reference "
+                        "(4 chains, Stan's defaults; judged by R-hat, ESS and divergences, "
+                        "rerun once with 4x the warmup when it fails them) and score the fits "
+                        "against it (docs/batch.md#nuts-references)")
+    p.add_argument("--reference-timeout", type=float, default=3600.0,
+                   help="seconds per NUTS reference (default 3600)")
     p.add_argument("--profile", default=None, help="profile for methods that name none")
     p.add_argument("--family", default="meanfield", help="meanfield, fullrank or both, comma-separated")
     p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per configuration (default 5)")

@@ -9,12 +9,15 @@ Written to ``OUT`` (default ``RUNS_DIR/report``):
 * ``protocol.csv``: the TrustVI paper's protocol for every TrustVI configuration against every
   other configuration, one row per model (:func:`stanvi.batch.summary.protocol_pairs`);
 * ``compiles.csv``: one row per model: compile status and reason, dimension;
-* ``cdf_speedups.png`` (the CDF of oracle-call ratios, the paper's Figure 4 style, with its
-  headline marks at 12× and 36×), ``accuracy.png`` (standardized mean error against W1/sd per
-  model and configuration; only when some fit has reference draws), ``traces.png`` (ELBO
+* ``recommendations.csv``: per model the method to use and why (:mod:`stanvi.batch.recommend`);
+* ``accuracy.png`` (accuracy against cost per method; only when some fit has reference draws),
+  ``cdf_speedups.png`` (the CDF of oracle-call ratios, the paper's Figure 4 style, with its
+  headline marks at 12× and 36×; only with three models kept or more), ``traces.png`` (ELBO
   against oracle calls of each configuration's median run, for the models with the largest
   speed-ups and ELBO gaps: :func:`trace_models`, :func:`trace_figure`);
-* ``index.html`` showing all of it.
+* ``index.html``: the page a person reads (:mod:`stanvi.batch.report_page`: a summary that says
+  which method to use how often at what cost, the methods' table, failure reasons grouped, each
+  model's recommendation with its figures; docs/batch.md#the-report).
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from __future__ import annotations
 import csv
 import html
 import math
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from stanvi.batch import report_page as rp
+from stanvi.batch.recommend import label, recommend
 from stanvi.batch.reference_job import NO_FAMILY
+from stanvi.batch.runner import OK_STATUSES
 from stanvi.batch.store import RunStore
 from stanvi.batch.summary import (as_run, config_of, group_runs, model_rows, pair_summary,
                                   profile_of, protocol_pairs)
@@ -87,22 +92,14 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     made = []
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name, pairs in pairs_by_name.items():
-        ratios = np.sort([p["ratio"] for p in pairs if p.get("quality") and not p["excluded"]])
-        if ratios.size:
-            ax.step(np.concatenate([[ratios[0]], ratios]),
-                    np.concatenate([[0], np.arange(1, ratios.size + 1) / ratios.size]),
-                    where="post", label=f"{name} (n={ratios.size})")
-    for mark in (12, 36):
-        ax.axvline(mark, color="grey", ls=":", lw=1)
-    ax.set_xscale("log")
-    made.append(_save(plt, fig, ax, out / "cdf_speedups.png",
-                      "oracle-call ratio (baseline / TrustVI) to the threshold",
-                      "fraction of models with ratio ≤ x",
-                      "Speed-ups (paper: ≥12× on 50%, ≥36× on 25% vs ADVI)"))
+    kept = {name: [p for p in pairs if p.get("quality") and not p["excluded"]]
+            for name, pairs in pairs_by_name.items()}
+    if any(len(k) >= 3 for k in kept.values()):   # a CDF of fewer models says nothing
+        made.append(_cdf_plot(plt, out, kept))
+    else:
+        (out / "cdf_speedups.png").unlink(missing_ok=True)
 
-    if any(r["mean_error_sd"] is not None and r["w1_sd"] is not None for r in rows):
+    if any(r["mean_error_sd"] is not None and r.get("median_run_time") for r in rows):
         made.append(_accuracy_plot(plt, out, rows))
     else:   # nothing to plot: no stale figure from an earlier report in the same directory
         (out / "accuracy.png").unlink(missing_ok=True)
@@ -116,28 +113,49 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
     return made
 
 
-def _accuracy_plot(plt, out: Path, rows) -> str:
+def _cdf_plot(plt, out: Path, kept: dict[str, list[dict]]) -> str:
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, pairs in kept.items():
+        ratios = np.sort([p["ratio"] for p in pairs])
+        if ratios.size:
+            ax.step(np.concatenate([[ratios[0]], ratios]),
+                    np.concatenate([[0], np.arange(1, ratios.size + 1) / ratios.size]),
+                    where="post", label=f"{name} (n={ratios.size})")
+    for mark in (12, 36):
+        ax.axvline(mark, color="grey", ls=":", lw=1)
+    ax.set_xscale("log")
+    return _save(plt, fig, ax, out / "cdf_speedups.png",
+                 "oracle-call ratio (baseline / TrustVI) to the threshold",
+                 "fraction of models with ratio ≤ x",
+                 "Speed-ups (paper: ≥12× on 50%, ≥36× on 25% vs ADVI)")
+
+
+def _accuracy_plot(plt, out: Path, rows) -> str:
+    """Accuracy against cost, per method: each model's median run (small dots) and the
+    method's median over models (a large marker), run time per fit against W1 / sd_ref (the
+    standardized mean error where a run has no W1)."""
+    from stanvi.batch.recommend import W1_OK, label  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     cap = ACCURACY_CAP
     for cfg in sorted({r["config"] for r in rows}):
-        pts = np.array([(r["mean_error_sd"], r["w1_sd"]) for r in rows
+        pts = np.array([(r["median_run_time"], r["w1_sd"] if r["w1_sd"] is not None
+                         else r["mean_error_sd"]) for r in rows
                         if r["config"] == cfg and r["mean_error_sd"] is not None
-                        and r["w1_sd"] is not None], dtype=float).reshape(-1, 2)
-        if len(pts):
-            over = (pts > cap).any(axis=1)
-            shown = np.minimum(pts, cap)
-            dots = ax.scatter(shown[~over, 0], shown[~over, 1], s=14, label=cfg, alpha=0.75)
-            if over.any():   # off the scale: drawn on its edge, as triangles
-                ax.scatter(shown[over, 0], shown[over, 1], s=22, marker="^", alpha=0.75,
-                           color=dots.get_facecolor()[0] if len(dots.get_offsets()) else None)
-    ax.set_xscale("symlog", linthresh=0.01)
-    ax.set_yscale("symlog", linthresh=0.01)
-    ax.set_xlim(0, cap * 1.5)
-    ax.set_ylim(0, cap * 1.5)
-    return _save(plt, fig, ax, out / "accuracy.png",
-                 "median standardized mean error |mean − ref| / sd_ref", "median W1 / sd_ref",
-                 f"Accuracy against reference draws (constrained space), per model\n"
-                 f"(runs with a normal outcome; ▲ = beyond {cap:g}, drawn at {cap:g})")
+                        and r.get("median_run_time")], dtype=float).reshape(-1, 2)
+        if not len(pts):
+            continue
+        pts[:, 1] = np.clip(pts[:, 1], 1e-3, cap)
+        dots = ax.scatter(pts[:, 0], pts[:, 1], s=8, alpha=0.35)
+        ax.scatter(np.median(pts[:, 0]), np.median(pts[:, 1]), s=90, edgecolor="black",
+                   color=dots.get_facecolor()[0], label=f"{label(cfg)} ({len(pts)} models)")
+    ax.axhline(W1_OK, color="grey", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    return _save(plt, fig, ax, out / "accuracy.png", "run time per fit (s, median over seeds)",
+                 "W1 / posterior sd (median over marginals)",
+                 f"Accuracy against cost: dots are models, large markers the median model\n"
+                 f"(dotted: W1 {W1_OK} sd, the report's bar; values capped at {cap:g})")
 
 
 # ELBO gaps beyond this many nats (a run that never left a start at −1e300) would flatten every
@@ -206,18 +224,13 @@ def trace_figure(plt, grouped, chosen: list[str]):
     return fig
 
 
-def _table(rows: list[dict], columns, *, limit: int | None = None, cls: str = "") -> str:
-    def cell(v):
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return f"{v:.4g}" if math.isfinite(v) else str(v)
-        return html.escape(str(v))
-
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in columns) + "</tr>"
-                   for r in (rows if limit is None else rows[:limit]))
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+PROTOCOL_COLUMNS = [("Comparison", "comparison", None), ("Models", "models", None),
+                    ("TrustVI better", "tested_better", None), ("Tie", "tie", None),
+                    ("Baseline better", "baseline_better", None), ("Kept", "kept", None),
+                    ("TrustVI faster", "faster", None), ("≥ 12× fewer calls", "ge_12x", None),
+                    ("≥ 36×", "ge_36x", None),
+                    ("Median ratio", "median_ratio",
+                     lambda v: "–" if v is None else f"{v:.3g}×")]
 
 
 def write_report(runs_dir: str | Path, out: str | Path | None = None,
@@ -267,52 +280,82 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
     _write_csv(out / "compiles.csv", compiles, ccols)
     images = _plots(out, grouped, rows, pairs_by_name)
 
-    by_config: dict[str, list[dict]] = {}
-    for r in fits:
-        by_config.setdefault(config_of(r), []).append(r)
-    status_counts = {c: Counter(r.get("status") for r in rs) for c, rs in by_config.items()}
-    status_rows = [{"config": c, **{k: str(v) for k, v in sorted(s.items())},
-                    "task_hours": f"{task_hours(by_config[c]):.2f}"}
-                   for c, s in sorted(status_counts.items())]
-    status_cols = (["config"] + sorted({k for s in status_counts.values() for k in s})
-                   + ["task_hours"])
-    compiled = sum(c.get("status") == "ok" for c in compiles)
+    references = {r["model"]: r for r in store.records("reference")}
+    recommendations = {}
+    for model, configs in grouped.items():
+        model_r = [r for r in rows if r["model"] == model]
+        ref = references.get(model)
+        recommendations[model] = recommend(model_r, None if ref is None
+                                           else bool(ref.get("trustworthy")))
+    _write_csv(out / "recommendations.csv",
+               [{"model": m, **rec} for m, rec in recommendations.items()],
+               ("model", "config", "level", "why"))
     page = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>stanvi batch report</title>",
-        "<style>body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:"
-        "collapse;font-size:12px;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px}"
-        "th{background:#eee}img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}</style>",
-        "</head><body>",
-        f"<h1>stanvi batch report</h1><p>Runs directory: <code>{html.escape(str(runs_dir))}"
-        f"</code>. Models: {len(compiles)} found, {compiled} compiled and loaded; fits: "
-        f"{len(fits)} records. Task time, summed over workers (the batch's wall time on one "
-        f"worker): fits {task_hours(fits):.2f} h, compiles {task_hours(compiles):.2f} h. "
-        f"Tables: <a href='fits.csv'>fits.csv</a>, "
-        f"<a href='models.csv'>models.csv</a>, <a href='protocol.csv'>protocol.csv</a>, "
-        f"<a href='compiles.csv'>compiles.csv</a>.</p>",
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        "<title>Which variational method to use: stanvi batch report</title>",
+        f"<style>{rp.STYLE}</style></head><body>",
+        f"<h1>Which method to use</h1><p class='why'>stanvi batch report of "
+        f"<code>{html.escape(Path(runs_dir).name)}</code>: {len(compiles)} models found, "
+        f"{sum(c.get('status') == 'ok' for c in compiles)} compiled and loaded, {len(fits)} "
+        f"fits; task time summed over workers: fits {task_hours(fits):.2f} h, compiles "
+        f"{task_hours(compiles):.2f} h"
+        + (f", NUTS references {task_hours(list(references.values())):.2f} h"
+           if references else "") + ".</p>",
+        f"<p id='summary'>{html.escape(rp.summary_text(recommendations, len(grouped), references))}"
+        "</p>",
         *(() if not unreadable else (
-            f"<p><b>{len(unreadable)} record file(s) could not be read</b> and were moved to "
-            f"<code>records/&lt;kind&gt;/unreadable/</code>; rerun the batch command to run "
-            f"their tasks again: " + "; ".join(html.escape(u) for u in unreadable) + "</p>",)),
-        "<h2>Fit outcomes by configuration</h2>", _table(status_rows, status_cols, cls="status"),
-        "<h2>The TrustVI paper's protocol</h2><p>Median runs over seeds; a tie is within 1 nat; "
-        "ratios are the baseline's oracle calls over TrustVI's to the threshold (the worse "
-        "final ELBO − 1 nat), over the pairs kept.</p>",
-        _table(summaries, ["comparison", "models", "judged", "tested_better", "tie",
-                           "baseline_better", "kept", "faster", "ge_12x", "ge_36x",
-                           "median_ratio"], cls="protocol"),
-        *(f"<img src='{img}' alt='{img}'>" for img in images),
-        *(() if "accuracy.png" in images else (
-            "<p>No accuracy plot: none of these fits has reference draws (posteriordb's "
-            "posteriors with a reference posterior have them; example-models has none).</p>",)),
-        "<h2>Per model</h2>", _table(rows, model_cols, cls="models"),
-        "<h2>Models that did not compile or load</h2>",
-        _table([c for c in compiles if c.get("status") != "ok"], ccols, cls="compiles"),
-        # for tests in a browser: how many images decoded, once the page has loaded
-        "<script>window.addEventListener('load', () => { document.body.dataset.imagesLoaded = "
-        "[...document.images].filter(i => i.complete && i.naturalWidth > 0).length; });"
-        "</script>",
-        "</body></html>"]
+            f"<p class='warn'><b>{len(unreadable)} record file(s) could not be read</b> and were "
+            f"moved to <code>records/&lt;kind&gt;/unreadable/</code>; rerun the batch command "
+            f"to run their tasks again: " + "; ".join(html.escape(u) for u in unreadable)
+            + "</p>",)),
+        "<h2>Methods over all models</h2><p class='why'>Medians over models of each model's "
+        "median over seeds; accuracy against the reference draws, in posterior sds (median "
+        "over marginals, constrained space). Click a header to sort.</p>",
+        rp.table(rp.method_rows(rows, recommendations), rp.METHOD_COLUMNS),
+        *(f"<img src='{img}' alt='{img}'>" for img in images if img == "accuracy.png"),
+    ]
+    failures = rp.failure_rows(fits, OK_STATUSES)
+    if failures:
+        page += ["<h2>Why fits failed</h2><p class='why'>Failed fits grouped by method, status "
+                 "and the kind of message (numbers and names blanked).</p>",
+                 rp.table(failures, rp.FAILURE_COLUMNS)]
+    page.append("<h2>Per model</h2><p class='why'>Each model's recommendation and the figures "
+                "that decide it; open a model for its table.</p>")
+    for model, configs in grouped.items():
+        rec = recommendations[model]
+        ref = references.get(model)
+        ref_text = ("" if ref is None else
+                    " NUTS reference: trustworthy." if ref.get("trustworthy") else
+                    f" NUTS reference: {html.escape(ref.get('status', '?'))}, not trustworthy "
+                    f"({html.escape(ref.get('message') or '')}).")
+        model_rows_ = [{**r, "method": label(r["config"]), "ok_runs": f"{r['ok']} / {r['runs']}"}
+                       for r in rows if r["model"] == model]
+        page.append(
+            f"<details><summary><b>{html.escape(model)}</b> (D = {dims.get(model, '?')}): "
+            f"{html.escape(label(rec['config']) if rec['config'] else 'no recommendation')}"
+            f"</summary><p class='why'>{html.escape(rec['why'])}.{ref_text}</p>"
+            f"{rp.table(model_rows_, rp.MODEL_COLUMNS)}</details>")
+    if summaries:
+        page += ["<h2>The TrustVI paper's protocol</h2><p class='why'>Median runs over seeds; "
+                 "a tie is within 1 nat; the ratio is the baseline's oracle calls over "
+                 "TrustVI's to the threshold (the worse final ELBO − 1 nat), over the models "
+                 "kept (both runs took at least 5 iterations).</p>",
+                 rp.table([{**x, "comparison": " vs ".join(label(c) for c in
+                                                           x["comparison"].split(" vs "))}
+                           for x in summaries], PROTOCOL_COLUMNS)]
+    page += [f"<img src='{img}' alt='{img}'>" for img in images if img != "accuracy.png"]
+    failed_compiles = [c for c in compiles if c.get("status") != "ok"]
+    if failed_compiles:
+        page += ["<h2>Models that did not compile or load</h2>",
+                 rp.table([{**c, "message": (c.get("message") or "")[:200]}
+                           for c in failed_compiles],
+                          [("Model", "model", None), ("Status", "status", None),
+                           ("Reason", "message", None)])]
+    page += ["<p class='why'>Tables for machines: <a href='fits.csv'>fits.csv</a>, "
+             "<a href='models.csv'>models.csv</a>, <a href='recommendations.csv'>"
+             "recommendations.csv</a>, <a href='protocol.csv'>protocol.csv</a>, "
+             "<a href='compiles.csv'>compiles.csv</a>.</p>",
+             f"<script>{rp.SORT_SCRIPT}</script>", "</body></html>"]
     index = out / "index.html"
     index.write_text("\n".join(page))
     return index

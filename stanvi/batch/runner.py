@@ -30,7 +30,7 @@ from typing import Any
 from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
 from stanvi.batch.tasks import (FitSpec, compile_record_usable, compile_task, fit_identity,
-                                fit_task, write_record)
+                                fit_task, reference_task, write_record)
 from stanvi.progress import TaskProgress
 
 __all__ = ["BatchConfig", "check_config", "plan", "run_batch", "OK_STATUSES"]
@@ -52,6 +52,10 @@ class BatchConfig:
     timeout: float | None = 600.0
     compile_timeout: float | None = 1800.0
     draws: int = 2000
+    #: 'nuts': a NUTS reference for every model the collection gives none
+    #: (:mod:`stanvi.batch.nuts_reference`), the fits' accuracy computed against it
+    reference: str | None = None
+    reference_timeout: float | None = 3600.0
 
 
 def check_config(config: BatchConfig) -> None:
@@ -70,6 +74,8 @@ def check_config(config: BatchConfig) -> None:
     bad = [f for f in config.families if f not in ("meanfield", "fullrank")]
     if bad:
         raise ValueError(f"unknown family {bad[0]!r}; choose meanfield or fullrank")
+    if config.reference not in (None, "nuts"):
+        raise ValueError(f"unknown reference {config.reference!r}; the batch computes 'nuts'")
     if config.seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {config.seeds}")
 
@@ -97,7 +103,8 @@ def _dim_limit(config: BatchConfig, family: str) -> int | None:
 
 
 def fit_or_skip(spec: FitSpec, case: ModelCase, compiled: dict, runs_dir: str,
-                timeout: float | None, draws: int, max_dim: int | None) -> dict:
+                timeout: float | None, draws: int, max_dim: int | None,
+                reference: dict | None = None) -> dict:
     """:func:`~stanvi.batch.tasks.fit_task`, or a ``skipped`` record when the compiled model's
     dimension is over ``max_dim`` (known only once it is compiled)."""
     dim = compiled.get("dim")
@@ -107,7 +114,34 @@ def fit_or_skip(spec: FitSpec, case: ModelCase, compiled: dict, runs_dir: str,
         return found if found is not None else write_record(
             store, "fit", spec.key, fit_identity(spec, case),
             {"status": "skipped", "message": f"dimension {dim} is over the batch's limit {max_dim}"})
-    return fit_task(spec, case, compiled, runs_dir, timeout, draws)
+    return fit_task(spec, case, compiled, runs_dir, timeout, draws, reference)
+
+
+def reference_or_skip(case: ModelCase, compiled: dict, runs_dir: str, timeout: float | None,
+                      max_dim: int | None) -> dict:
+    """:func:`~stanvi.batch.tasks.reference_task`, or a ``skipped`` record over ``max_dim``."""
+    dim = compiled.get("dim")
+    if max_dim is not None and dim is not None and dim > max_dim:
+        return {"status": "skipped", "message": f"dimension {dim} is over the limit {max_dim}"}
+    return reference_task(case, compiled, runs_dir, timeout)
+
+
+def _cases_to_prepare(cases: Sequence[ModelCase], todo: list, config: BatchConfig,
+                      store: RunStore, runs_dir: str) -> list[ModelCase]:
+    """The models that need a compile record or a NUTS reference here: those with fits to run,
+    and with ``reference='nuts'`` every runnable model without a usable reference record."""
+    from stanvi.batch.child import reference_file  # noqa: PLC0415
+
+    out = {case.name: case for case, _ in todo}
+    if config.reference == "nuts":
+        for case in cases:
+            if case.skip is not None or case.reference is not None or case.name in out:
+                continue
+            found = store.get("reference", case.name)
+            if found is None or (found.get("status") == "ok"
+                                 and not reference_file(runs_dir, case.name).is_file()):
+                out[case.name] = case
+    return list(out.values())
 
 
 def _client(scheduler: str | None, workers: int | None):
@@ -141,38 +175,50 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
     store = RunStore(runs_dir)
     work = plan(cases, config)
     todo = [(case, spec) for case, spec in work if not store.has("fit", spec.key)]
-    bar = TaskProgress(len(work), enabled=progress, already_done=len(work) - len(todo))
     own_client = client is None
     cluster = None
     if own_client:
         client, cluster = _client(scheduler, workers)
+    bar = None
     try:
         compiles: dict[str, Any] = {}
-        futures = {}
+        futures: dict[Any, tuple[ModelCase, FitSpec | None]] = {}
+        references: dict[str, Any] = {}
+        for case in _cases_to_prepare(cases, todo, config, store, runs_dir):
+            found = store.get("compile", case.name)
+            compiles[case.name] = found if compile_record_usable(found, runs_dir) else \
+                client.submit(compile_task, case, runs_dir, config.compile_timeout, pure=False,
+                              key=f"compile-{case.name}-{time.time_ns()}")
+            if config.reference == "nuts" and case.reference is None:
+                references[case.name] = fut = client.submit(
+                    reference_or_skip, case, compiles[case.name], runs_dir,
+                    config.reference_timeout, config.max_dim, pure=False,
+                    key=f"reference-{case.name}-{time.time_ns()}")
+                futures[fut] = (case, None)
         for case, spec in todo:
-            if case.name not in compiles:
-                found = store.get("compile", case.name)
-                usable = compile_record_usable(found, runs_dir)
-                compiles[case.name] = found if usable else client.submit(
-                    compile_task, case, runs_dir, config.compile_timeout, pure=False,
-                    key=f"compile-{case.name}-{time.time_ns()}")
             fut = client.submit(fit_or_skip, spec, case, compiles[case.name], runs_dir,
                                 config.timeout, config.draws, _dim_limit(config, spec.family),
-                                pure=False, key=f"fit-{spec.key}-{time.time_ns()}")
+                                references.get(case.name), pure=False,
+                                key=f"fit-{spec.key}-{time.time_ns()}")
             futures[fut] = (case, spec)
+        # the progress counts fits and NUTS references (a reference already stored returns
+        # at once)
+        bar = TaskProgress(len(work) + len(references), enabled=progress,
+                           already_done=len(work) - len(todo))
         last_poll = 0.0
         for fut in as_completed(list(futures)):
             case, spec = futures.pop(fut)
             record = _outcome(fut, case, spec, store)
+            ok = record.get("status") in (OK_STATUSES if spec is not None else ("ok", "skipped"))
             running = None
             if time.perf_counter() - last_poll > 1.0:  # tasks on workers, at most one per thread
                 last_poll = time.perf_counter()
                 running = min(sum(len(v) for v in client.processing().values()),
                               sum(client.nthreads().values()))
-            bar.update(done=1, failed=int(record.get("status") not in OK_STATUSES),
-                       running=running)
+            bar.update(done=1, failed=int(not ok), running=running)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         if own_client:
             client.close()
             if cluster is not None:
@@ -191,14 +237,18 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
     return counts
 
 
-def _outcome(fut, case: ModelCase, spec: FitSpec, store: RunStore) -> dict:
-    """The task's record; a task that raised in Dask (a worker died under it too often, or a
-    scheduler error) is recorded here as ``lost`` with the reason."""
+def _outcome(fut, case: ModelCase, spec: FitSpec | None, store: RunStore) -> dict:
+    """The task's record (a fit's, or with ``spec`` None the model's NUTS reference); a task
+    that raised in Dask (a worker died under it too often, or a scheduler error) is recorded
+    here as ``lost`` with the reason."""
     try:
         return fut.result()
     except Exception as exc:  # noqa: BLE001 — KilledWorker, CancelledError, ...
-        found = store.get("fit", spec.key)
+        kind, key = ("fit", spec.key) if spec is not None else ("reference", case.name)
+        found = store.get(kind, key)
         if found is not None:
             return found
-        return write_record(store, "fit", spec.key, fit_identity(spec, case),
-                       {"status": "lost", "message": f"{type(exc).__name__}: {exc}"})
+        identity = (fit_identity(spec, case) if spec is not None else
+                    {"model": case.name, "source": case.source, "method": "nuts"})
+        return write_record(store, kind, key, identity,
+                            {"status": "lost", "message": f"{type(exc).__name__}: {exc}"})

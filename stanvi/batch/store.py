@@ -1,7 +1,8 @@
 """The results store of a batch run (issue P2-2, "Running it"): the system of record.
 
 ``RUNS_DIR/records/<kind>/<key>.json`` holds one record per finished task (``kind`` is
-``compile`` or ``fit``), written by the worker that ran the task: the JSON goes to a temporary
+``compile``, ``reference`` (a NUTS reference, :mod:`stanvi.batch.nuts_reference`) or
+``fit``), written by the worker that ran the task: the JSON goes to a temporary
 file in the same directory, is flushed and fsync'ed, and is renamed into place
 (:func:`os.replace`, atomic on POSIX filesystems, including the shared filesystems a multi-machine
 Dask cluster uses).  So a ``kill -9`` of the client or of a worker at any moment leaves every
@@ -33,7 +34,7 @@ from typing import Any
 
 __all__ = ["RunStore", "KINDS", "record_json"]
 
-KINDS = ("compile", "fit")
+KINDS = ("compile", "reference", "fit")
 _SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
 
 

@@ -157,11 +157,32 @@ def compile_task(case: ModelCase, runs_dir: str, timeout: float | None = 1800.0)
     return write_record(store, "compile", case.name, identity, run_job(job, timeout))
 
 
+def reference_task(case: ModelCase, compiled: dict[str, Any], runs_dir: str,
+                   timeout: float | None = 3600.0) -> dict[str, Any]:
+    """The model's NUTS reference (:mod:`stanvi.batch.nuts_reference`), its draws in
+    ``<runs>/references/``; a stored record is returned as it is unless its draws are missing
+    here (a runs directory carried to another machine: the reference is computed again)."""
+    store = RunStore(runs_dir)
+    path = reference_file(runs_dir, case.name)
+    found = store.get("reference", case.name)
+    if found is not None and (found.get("status") != "ok" or path.is_file()):
+        return found
+    identity = {"model": case.name, "source": case.source, "method": "nuts"}
+    if compiled.get("status") != "ok":
+        return write_record(store, "reference", case.name, identity, {
+            "status": "not_compiled",
+            "message": f"{compiled.get('status')}: {compiled.get('message', '')}"})
+    job = {**case_job(case), "kind": "reference", "reference_path": str(path)}
+    return write_record(store, "reference", case.name, identity, run_job(job, timeout))
+
+
 def fit_task(spec: FitSpec, case: ModelCase, compiled: dict[str, Any], runs_dir: str,
-             timeout: float | None = 600.0, draws: int = 2000) -> dict[str, Any]:
+             timeout: float | None = 600.0, draws: int = 2000,
+             reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit one (model, method, profile, family, seed); ``compiled`` is the model's compile
-    record.  A model that did not compile gives a ``not_compiled`` record with the compile
-    record's status and message (so that every planned fit has a record)."""
+    record, ``reference`` its NUTS reference record where the batch computes one.  A model
+    that did not compile gives a ``not_compiled`` record with the compile record's status and
+    message (so that every planned fit has a record)."""
     store = RunStore(runs_dir)
     found = store.get("fit", spec.key)
     if found is not None:
@@ -171,7 +192,8 @@ def fit_task(spec: FitSpec, case: ModelCase, compiled: dict[str, Any], runs_dir:
         return write_record(store, "fit", spec.key, identity, {
             "status": "not_compiled",
             "message": f"{compiled.get('status')}: {compiled.get('message', '')}"})
-    ref = reference_file(runs_dir, case.name) if compiled.get("reference") else None
+    has_reference = compiled.get("reference") or (reference or {}).get("status") == "ok"
+    ref = reference_file(runs_dir, case.name) if has_reference else None
     job = {**case_job(case), "kind": "fit", "library": compiled["library"], "method": spec.method,
            "family": spec.family, "profile": spec.profile, "seed": spec.seed,
            "options": spec.options, "draws": draws,

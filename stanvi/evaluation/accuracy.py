@@ -77,3 +77,21 @@ def read_reference_npz(path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarra
         constrained = {k[2:]: npz[k] for k in npz.files if k.startswith("c:")}
         unconstrained = {k[2:]: npz[k] for k in npz.files if k.startswith("u:")}
     return constrained, unconstrained
+
+
+def write_reference_npz(path, target, draws: dict[str, np.ndarray]) -> tuple[bool, str]:
+    """Writes reference ``draws`` by label to ``path`` (atomically) as
+    :func:`read_reference_npz` reads them: constrained, and unconstrained by the model's own
+    transform (:func:`reference_unconstrained`) where they name every parameter; returns
+    (unconstrained written?, why not)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    path = Path(path)
+    unc, why = reference_unconstrained(target, draws)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"c:{k}": v for k, v in draws.items()}
+    arrays.update({f"u:{k}": v for k, v in (unc or {}).items()})
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+    return unc is not None, why

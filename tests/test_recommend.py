@@ -1,0 +1,49 @@
+"""The per-model recommendation of ``stanvi report`` (stanvi.batch.recommend, issue T3-4 item 3):
+the cheapest reliable configuration whose accuracy is acceptable, its caveats, and NUTS when
+none is."""
+
+from __future__ import annotations
+
+from stanvi.batch.recommend import label, recommend
+
+
+def row(config, mean_error, w1, time, runs=3, ok=3, evals=1000):
+    return {"config": config, "mean_error_sd": mean_error, "w1_sd": w1, "runs": runs, "ok": ok,
+            "median_run_time": time, "median_draw_evaluations": evals}
+
+
+NUTS = row("nuts:diag:none", None, None, 5.0)
+
+
+def test_the_cheapest_accurate_method_wins():
+    rows = [row("trustvi:default:fullrank", 0.02, 0.05, 0.05),
+            row("pathfinder:single:none", 0.04, 0.12, 0.01),
+            row("stan-advi:default:meanfield", 0.5, 0.7, 0.002), NUTS]
+    rec = recommend(rows)
+    assert rec["config"] == "pathfinder:single:none" and rec["level"] == "marginals"
+    assert "the cheapest of 2 acceptable" in rec["why"]
+    assert "next: TrustVI default (full-rank), 0.05 s" in rec["why"]
+
+
+def test_a_method_that_failed_on_one_seed_is_not_recommended():
+    rows = [row("pathfinder:single:none", 0.01, 0.05, 0.01, ok=2),
+            row("trustvi:default:fullrank", 0.02, 0.05, 0.05), NUTS]
+    assert recommend(rows)["config"] == "trustvi:default:fullrank"
+
+
+def test_means_only_and_nuts_fallbacks():
+    rows = [row("trustvi:default:meanfield", 0.03, 0.5, 0.02), NUTS]
+    rec = recommend(rows)
+    assert rec["level"] == "means" and "only the means are acceptable" in rec["why"]
+    bad = recommend([row("trustvi:default:meanfield", 0.4, 0.9, 0.02), NUTS],
+                    reference_ok=False)
+    assert bad["config"] == "nuts:diag:none" and bad["level"] == "nuts"
+    assert "use NUTS" in bad["why"] and "failed its checks" in bad["why"]
+    assert recommend([row("trustvi:default:meanfield", None, None, 0.02)])["level"] == "unjudged"
+
+
+def test_labels():
+    assert label("trustvi:default:meanfield") == "TrustVI default (mean-field)"
+    assert label("pathfinder:multi:none") == "Pathfinder (4 paths)"
+    assert label("stan-advi:default:fullrank") == "Stan's ADVI (full-rank)"
+    assert label("nuts:diag:none") == "NUTS"
