@@ -216,6 +216,17 @@ def private_imports(root: Path) -> list[tuple[str, str]]:
 _FAMILY_CLASSES = {"MeanField", "FullRank", "GaussianMixture"}
 
 
+def _names_a_family(node: ast.AST) -> bool:
+    """``family.name``, ``est.family.name``, ``getattr(self.family, "name", ...)``: a family
+    object's name (a ``family`` *string* argument, the user's choice, is not one)."""
+    if isinstance(node, ast.Attribute) and node.attr in ("name", "family_name"):
+        return "family" in ast.unparse(node.value)
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr" and len(node.args) >= 2
+            and "family" in ast.unparse(node.args[0])
+            and isinstance(node.args[1], ast.Constant) and node.args[1].value == "name")
+
+
 def family_switches(root: Path) -> list[tuple[str, str]]:
     """Branches on a variational family's class or name outside ``families/`` (and gp's own
     families): what a family does differently is the family's to say
@@ -234,9 +245,7 @@ def family_switches(root: Path) -> list[tuple[str, str]]:
                 hit = any(isinstance(c, ast.Name) and c.id in _FAMILY_CLASSES for c in classes)
             elif isinstance(node, ast.Compare):
                 sides = [node.left, *node.comparators]
-                hit = any(isinstance(x, ast.Attribute) and x.attr in ("name", "family_name")
-                          and isinstance(x.value, ast.Name) and x.value.id == "family"
-                          for x in sides)
+                hit = any(_names_a_family(x) for x in sides)
             if hit:
                 out.append(("family switch", f"{rel}:{node.lineno}"))
     return out
@@ -409,8 +418,10 @@ def test_architecture_rule(check):
 
 # ------------------------------------------------------------------ each rule can fail
 _PLANTS = {
-    "families": ("stanvi/methods/_planted.py",
-                 "def f(family):\n    return family.name == 'meanfield'\n"),
+    "families": [("stanvi/methods/_planted.py",
+                  "def f(family):\n    return family.name == 'meanfield'\n"),
+                 ("stanvi/estimators/_planted.py",
+                  "def f(est):\n    return getattr(est.family, 'name', '') == 'fullrank'\n")],
     "private": ("stanvi/methods/_planted.py", "from stanvi.methods.base import _private\n"),
     "circles": [("stanvi/optim/_planted.py", "from stanvi.optim import _planted2\n"),
                 ("stanvi/optim/_planted2.py", "from stanvi.optim._planted import x\nx = 1\n")],

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stanvi.errors import VIError
-from stanvi.estimators.fullrank_rows import FullRankRows
+from stanvi.families.fullrank_rows import FullRankRows
 from stanvi.estimators.keys import HostKey, fold_in, host_normal
 
 
@@ -244,15 +244,22 @@ def per_draw_gradients(est: ElboEstimator, params, eps) -> tuple[np.ndarray, np.
     """ℓ(λ; ε_j) (n,) and the per-draw gradients: an (n, P) array, or for the full-rank family
     (when the estimator offers :meth:`ElboEstimator.values_and_model_grads`) the factored
     :class:`FullRankRows`."""
-    if _factored(est):
+    factored = _factored_rows(est)
+    if factored is not None:
         values, g = est.values_and_model_grads(params, eps)
-        return values, FullRankRows(est.family, params, g, eps, est.entropy_gradient(params))
+        return values, factored(params, g, eps, est.entropy_gradient(params))
     return est.values_and_grads(params, eps)
 
 
-def _factored(est) -> bool:
-    return (getattr(est.family, "name", "") == "fullrank"
-            and hasattr(est, "values_and_model_grads") and hasattr(est, "entropy_gradient"))
+def _factored_rows(est):
+    """The family's ``factored_rows`` (per-draw gradients without the (n, P) matrix: the
+    full-rank family's :class:`FullRankRows`) where the family has one and the estimator gives
+    the model gradients and the entropy gradient apart; else None."""
+    factored = getattr(est.family, "factored_rows", None)
+    if (factored is not None and hasattr(est, "values_and_model_grads")
+            and hasattr(est, "entropy_gradient")):
+        return factored
+    return None
 
 
 class GradientEstimate(NamedTuple):
@@ -362,18 +369,19 @@ def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
     Stan's ``calc_grad`` does (docs/algorithms.md#failed-draws); when ``max_drops`` draws have
     failed, raises :class:`GradientFailure` with the count.
     """
-    if _factored(est):
-        # full rank: keep (g_i, ε_i) per draw, never the (n, P) matrix (FullRankRows)
+    factored = _factored_rows(est)
+    if factored is not None:
+        # e.g. full rank: keep (g_i, ε_i) per draw, never the (n, P) matrix (FullRankRows)
         const = est.entropy_gradient(params)
 
         def evaluate(eps):
             vals, g = est.values_and_model_grads(params, eps)
-            rows = FullRankRows(est.family, params, g, eps, const)
+            rows = factored(params, g, eps, const)
             return np.isfinite(vals) & rows.finite_rows(), g, vals
 
         (eps, g, values), dropped, evaluated = collect_valid(
             evaluate, key, n, est.family.dim, max_drops, "the stochastic gradient")
-        rows = FullRankRows(est.family, params, g, eps, const)
+        rows = factored(params, g, eps, const)
         return GradientEstimate(rows.mean(axis=0), rows, values, dropped, evaluated)
 
     def evaluate(eps):

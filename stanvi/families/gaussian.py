@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from stanvi.families.fullrank_rows import FullRankRows
 from stanvi.families.host_math import FullRankHostMath, MeanFieldHostMath, tril_indices
 from stanvi.families.protocol import GaussianDefaults
 
@@ -241,6 +242,12 @@ class FullRank(FullRankHostMath, GaussianDefaults):
         if self.diagonal == "log":
             vech[rows == cols] = np.log(vech[rows == cols])
         return np.concatenate([np.asarray(mu, dtype=float), vech])
+
+    def factored_rows(self, params: np.ndarray, g: np.ndarray, eps: np.ndarray,
+                      entropy_grad: np.ndarray) -> FullRankRows:
+        """The per-draw ELBO gradients (n, P) in factored form, O(nD) memory
+        (:class:`~stanvi.families.fullrank_rows.FullRankRows`; docs/algorithms.md#fullrank)."""
+        return FullRankRows(self, params, g, eps, entropy_grad)
 
     def metric_scale(self, params: np.ndarray) -> np.ndarray:
         """A diagonal, per-coordinate scale-invariant stand-in for q's Fisher information (see

@@ -244,7 +244,7 @@ class FullRankHostMath:
 
     def pullback_rows(self, params, eps: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Per-draw ELBO gradients (n, P), dense: O(nD²) memory, for small D (the methods use
-        the factored form, :class:`stanvi.estimators.fullrank_rows.FullRankRows`)."""
+        the factored form, :class:`stanvi.families.fullrank_rows.FullRankRows`)."""
         rows, cols = tril_indices(self.dim)
         chain = self._chain(params)
         scale = np.where(rows == cols, chain[rows], 1.0)

@@ -4,14 +4,9 @@ an (n, P) matrix, in O(nD) memory."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-
-@functools.lru_cache(maxsize=4)
-def _tril_indices(dim: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.tril_indices(dim)
+from stanvi.families.host_math import tril_indices as _tril_indices
 
 
 class FullRankRows:
