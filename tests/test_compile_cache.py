@@ -52,6 +52,23 @@ def test_first_compile_builds(file_model):
     assert first.stan_file.read_text() == path.read_text()
 
 
+def test_the_services_library_links_the_kept_model_object(file_model):
+    """The model library's build keeps its model object in the cache entry; the services
+    library (Stan's algorithms) links it instead of compiling the model's C++ again."""
+    from stanvi.stan.compiler import model_object  # noqa: PLC0415
+    from stanvi.stan.services_build import services_library  # noqa: PLC0415
+
+    _, first = file_model
+    entry = first.library.parent
+    kept = model_object(entry, exact=True)
+    assert kept.is_file() and not list(entry.glob(".model*.o"))   # no stray temporaries
+    before = kept.stat().st_mtime_ns
+    services_library(first, progress=False)
+    record = json.loads((entry / "services.json").read_text())
+    assert record["model_object_seconds"] < 1.0       # linked, not compiled (~10-30 s)
+    assert kept.stat().st_mtime_ns == before and not list(entry.glob(".model_services*"))
+
+
 def test_second_compile_is_cached_and_fast(file_model, tmp_path):
     path, first = file_model
     for again_from in (path, str(path)):

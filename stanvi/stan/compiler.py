@@ -194,20 +194,22 @@ def _build(code: str, path: str | None, name: str, entry: Path, toolchain: Toolc
             bar.stage("C++ (exact Hessian-vector products)" if exact else
                       "C++ (finite-difference Hessian-vector products)")
             flag_dir = flag_set_dir(toolchain, tc_dir, exact, bar)
-            obj = entry / ("model_exact.o" if exact else "model_fd.o")
+            obj = model_object(entry, exact)
+            tmp_obj = entry / f".{obj.name}.{os.getpid()}.o"
             result = run_tool([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch",
                                "-include", str(flag_dir / PCH_HEADER), "-x", "c++", "-c", str(hpp),
-                               "-o", str(obj)], "the C++ compiler")
+                               "-o", str(tmp_obj)], "the C++ compiler")
             if result.returncode != 0:
+                tmp_obj.unlink(missing_ok=True)
                 errors.append(result.stderr)
                 continue
+            os.replace(tmp_obj, obj)   # kept: the services library links it (services_build)
             bar.stage("linking")
             tmp = entry / f".lib{name}.{os.getpid()}.so"
             link = _link(toolchain, tmp, obj, flag_dir, static_runtime)
             if link.returncode != 0 and static_runtime:  # e.g. no libstdc++.a: shared runtime
                 static_runtime = False
                 link = _link(toolchain, tmp, obj, flag_dir, static_runtime)
-            obj.unlink(missing_ok=True)
             if link.returncode != 0:
                 raise StanCompileError(f"linking the model library for {shown} failed:\n"
                                        f"{log_tail(link.stderr)}", path=path)
@@ -236,6 +238,13 @@ def nested_autodiff_possible(code: str) -> bool:
     """False when the Stan program calls a function known not to support nested autodiff
     (:data:`NO_NESTED_AUTODIFF`)."""
     return NO_NESTED_AUTODIFF.search(code) is None
+
+
+def model_object(entry: Path, exact: bool) -> Path:
+    """The model's compiled object in its cache entry, kept after the library is linked so that
+    the services library (:mod:`stanvi.stan.services_build`) links it instead of compiling the
+    model's C++ a second time."""
+    return entry / ("model_exact.o" if exact else "model_fd.o")
 
 
 def _link(toolchain: Toolchain, out: Path, obj: Path, flag_dir: Path,

@@ -4,8 +4,10 @@ The ordinary model library (:mod:`stanvi.stan.compiler`) holds the model and the
 only.  Stan's algorithms (``stan::services``, what CmdStan runs) are needed only by callers that
 ask for a reference run (:mod:`stanvi.reference`).  Linking them into every model library would
 change every library's cache key (every cached model rebuilt) and the library the whole suite
-loads, for a feature most fits never use; so they live in a separate, opt-in library.  The price:
-the model's C++ is compiled a second time (~30 s) the first time a model is run this way.  On
+loads, for a feature most fits never use; so they live in a separate, opt-in library.  It links
+the model object the model library's build kept in the cache entry (``model_exact.o`` or
+``model_fd.o``), so the model's C++ is not compiled again; only an entry built before objects
+were kept has its model compiled a second time (~30 s) the first time it is run this way.  On
 first use, this module builds beside the model library, in the same cache entry::
 
     lib<name>_services-<key>.so = model object + services object + bridge glue object
@@ -16,9 +18,9 @@ rebuilt services library gets a new path and a process never dlopens a stale one
 
 The services object (``glue/stanvi_services.cpp``) is, like the bridge, model-independent (it uses
 only ``stan::model::model_base`` and ``new_model``), so it is compiled once per flag set and kept
-next to the glue object as ``stanvi_services-<hash>.o``.  The model object is recompiled from the
-entry's ``model.hpp`` with the flag set the model library was built with (``hvp_exact``) and the
-same precompiled header.  Nothing here changes the model library or its cache key.
+next to the glue object as ``stanvi_services-<hash>.o``.  The model object, where the entry has
+none, is compiled from the entry's ``model.hpp`` with the flag set the model library was built
+with (``hvp_exact``) and the same precompiled header.  Nothing here changes the model library or its cache key.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.progress import StageProgress
 from stanvi.stan.cache import file_sha256, lock_for
 from stanvi.stan.compiler import (PCH_HEADER, CompiledModel, atomic_write, flag_set_dir,
-                                  glue_object, run_tool, run_stanc, log_tail)
+                                  glue_object, log_tail, model_object, run_stanc, run_tool)
 from stanvi.stan.toolchain import Toolchain, find_toolchain, glue_fingerprint, library_fingerprint
 
 SERVICES_SOURCE = Path(__file__).with_name("glue") / "stanvi_services.cpp"
@@ -125,17 +127,19 @@ def _build(model: CompiledModel, entry: Path, tc_dir: Path, toolchain: Toolchain
         if not hpp.is_file():
             bar.stage("stanc")
             run_stanc(toolchain, entry / "model.stan", hpp, name, None)
-        bar.stage("C++ (model)")
         t0 = time.perf_counter()
-        obj = entry / f".model_services.{os.getpid()}.o"
-        res = run_tool([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch", "-include",
-                        str(flag_dir / PCH_HEADER), "-x", "c++", "-c", str(hpp), "-o", str(obj)],
-                       "the C++ compiler")
+        kept = model_object(entry, exact)   # the model library's own object, where kept
+        obj = kept if kept.is_file() else entry / f".model_services.{os.getpid()}.o"
+        if obj != kept:
+            bar.stage("C++ (model)")
+            res = run_tool([toolchain.cxx, *toolchain.compile_flags(exact), "-Winvalid-pch",
+                            "-include", str(flag_dir / PCH_HEADER), "-x", "c++", "-c", str(hpp),
+                            "-o", str(obj)], "the C++ compiler")
+            if res.returncode != 0:
+                obj.unlink(missing_ok=True)
+                raise StanCompileError(f"compiling {name} for the services library failed:\n"
+                                       f"{log_tail(res.stderr)}")
         timings["model_object_seconds"] = time.perf_counter() - t0
-        if res.returncode != 0:
-            obj.unlink(missing_ok=True)
-            raise StanCompileError(f"compiling {name} for the services library failed:\n"
-                                   f"{log_tail(res.stderr)}")
         bar.stage("linking")
         t0 = time.perf_counter()
         library = entry / f"lib{name}_services-{key}.so"
@@ -149,7 +153,8 @@ def _build(model: CompiledModel, entry: Path, tc_dir: Path, toolchain: Toolchain
         if result.returncode != 0 and static_runtime:
             static_runtime = False
             result = link(False)
-        obj.unlink(missing_ok=True)
+        if obj != kept:
+            obj.unlink(missing_ok=True)
         timings["link_seconds"] = time.perf_counter() - t0
         if result.returncode != 0:
             tmp.unlink(missing_ok=True)
