@@ -332,7 +332,8 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
                        for r in rows if r["model"] == model]
         page.append(
             f"<details><summary><b>{html.escape(model)}</b> (D = {dims.get(model, '?')}): "
-            f"{html.escape(label(rec['config']) if rec['config'] else 'no recommendation')}"
+            f"{html.escape(label(rec['config']) if rec['config'] else 'not judged')}"
+            f"{' (means only)' if rec['level'] == 'means' else ''}"
             f"</summary><p class='why'>{html.escape(rec['why'])}.{ref_text}</p>"
             f"{rp.table(model_rows_, rp.MODEL_COLUMNS)}</details>")
     if summaries:

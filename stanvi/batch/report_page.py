@@ -19,8 +19,8 @@ from stanvi.batch.summary import config_of
 
 STYLE = ("body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1100px;"
          "line-height:1.4;color:#222}table{border-collapse:collapse;font-size:13px;"
-         "margin:.5em 0}td,th{border-bottom:1px solid #ddd;padding:3px 8px;text-align:right}"
-         "td:first-child,th:first-child{text-align:left}th{background:#f3f3f3;cursor:pointer;"
+         "margin:.5em 0}td,th{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left;"
+         "vertical-align:top}td[data-v]{text-align:right}th{background:#f3f3f3;cursor:pointer;"
          "user-select:none}th.sorted-asc::after{content:' ▲'}th.sorted-desc::after"
          "{content:' ▼'}img{max-width:100%;margin:.5em 0}details{margin:.3em 0}summary"
          "{cursor:pointer}.why{color:#444;font-size:14px}.warn{color:#a40}")
@@ -124,7 +124,8 @@ def _reason(message: str) -> str:
     the first sentence, so that the same failure on different models groups together."""
     text = re.sub(r"(/[\w.\-]+)+", "…", message or "")
     text = re.sub(r"-?\d[\d.,e+\-]*", "#", text)
-    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
+    # quoted values ('x', "y"), not apostrophes (Stan's, q's)
+    text = re.sub(r"(?<!\w)'[^']*'(?!\w)|\"[^\"]*\"", "'…'", text)
     return text.split(";")[0].split(". ")[0][:140].strip() or "(no message)"
 
 
