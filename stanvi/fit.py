@@ -124,7 +124,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         result.info["model_seconds"] = counter.seconds - model_before
     if evaluations_before is not None and not isinstance(target, JaxTarget):
         # the target counts every model evaluation (docs/architecture.md#data-flow); the method's ledger must agree
-        # (OracleLedger.model_evaluations; tests/test_oracle_accounting.py).  A JaxTarget's
+        # (OracleLedger.model_evaluations; tests/methods/test_oracle_accounting.py).  A JaxTarget's
         # log density is traced into the method's JAX programs, so it counts direct calls only.
         result.info["model_evaluations"] = {
             kind: count - evaluations_before[kind] for kind, count in counter.snapshot().items()}

@@ -49,7 +49,7 @@ SETUP = {
 # (file, text in the block's first lines) -> why the block is not run here
 SKIP = {
     ("docs/batch.md", "cases_from_source(\"posteriordb\""):
-        "needs a posteriordb checkout and a Dask cluster; tests/test_batch_run.py runs batches",
+        "needs a posteriordb checkout and a Dask cluster; tests/batch/test_batch_run.py runs batches",
     ("docs/jointcv.md", "data=my_data"):
         "a template: my_data and the options are the reader's",
     ("docs/jointcv.md", "JaxPerDatumTarget(log_lik"):
@@ -58,7 +58,7 @@ SKIP = {
         "the signature of stanvi.fit, not a call",
     ("docs/stan_reference.md", "from stanvi.reference import nuts, stan_advi, pathfinder"):
         "builds Stan's services library and runs NUTS, ADVI and Pathfinder (minutes); "
-        "tests/test_reference_stan.py runs the same calls",
+        "tests/reference/test_reference_stan.py runs the same calls",
 }
 
 FENCE = re.compile(r"^```(\w*)\s*$")

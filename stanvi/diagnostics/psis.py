@@ -6,7 +6,7 @@ The smoothing is arviz-stats' PSIS (``array_stats.psislw``, version 1.3) transcr
 for operation into NumPy (:func:`psislw`, :func:`gpdfit`, :func:`log_sum_exp`), so that a fit
 does not import arviz-stats: its only array-level entry point, ``arviz_stats.base.array_stats``,
 imports the package (xarray, pandas, xarray-einstats) and ``scipy.stats``/``scipy.signal``,
-about 1 s of a new process's first fit (issue 8, part 3).  ``tests/test_diagnostics.py`` checks
+about 1 s of a new process's first fit (issue 8, part 3).  ``tests/diagnostics/test_diagnostics.py`` checks
 k̂ and the weights against arviz-stats on many random inputs.  The effective sample size of the
 (smoothed, normalized) importance weights is 1/Σ w_s².  What k̂ means for a variational fit, and
 the verdict drawn from it, are in :mod:`stanvi.diagnostics.report`.

@@ -98,7 +98,7 @@ class PaddedRows:
 
     Exactness: each output row depends only on its own draw, and for the models tested (eight
     schools, D = 10; a Gaussian, D = 10) padded rows are bit-for-bit those of the unpadded call
-    (``tests/test_coldstart.py``).  For a very small D, XLA vectorizes elementwise work across
+    (``tests/bench/test_coldstart.py``).  For a very small D, XLA vectorizes elementwise work across
     the flattened rows, so a row can differ in its last bits with the batch size, between two
     unpadded sizes just as between padded and unpadded ones (reject_region, D = 2: a few ulp)."""
 

@@ -35,7 +35,7 @@ def rqmc_normal(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     (docs/mlmcvi.md#baselines).  Each row is marginally N(0, I) exactly, so means over rows are
     unbiased."""
     # SciPy is imported here, not at module import: `import stanvi` and fits that do not
-    # use RQMC import no SciPy (tests/test_coldstart.py)
+    # use RQMC import no SciPy (tests/bench/test_coldstart.py)
     from scipy.special import ndtri  # noqa: PLC0415
     from scipy.stats import qmc  # noqa: PLC0415
 

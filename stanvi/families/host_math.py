@@ -9,7 +9,7 @@ vector operations per call, which NumPy does in microseconds, while every JAX pr
 needs costs tens of milliseconds to trace, lower and load in a new process (eight schools:
 1.1 of a 1.8 s TrustVI fit was JAX compilation; issue T3-1).  The host estimator
 (:class:`stanvi.estimators.host.HostElboEstimator`) calls these pieces; the JAX estimator keeps
-the JAX forms, for JAX-native targets (on an accelerator).  ``tests/test_host_estimator.py``
+the JAX forms, for JAX-native targets (on an accelerator).  ``tests/estimators/test_host_estimator.py``
 checks every piece against the JAX estimator's autodiff to rounding.
 
 For one base draw ε, z = g(λ, ε) and ℓ(λ; ε) = log p(z) + H(q_λ) (the reparameterized ELBO

@@ -31,7 +31,7 @@ _HISTORY_BYTES = 128 * 2**20     # ... at most this much iterate history per cal
 def chunk_for(family) -> int:
     """Steps per compiled call: ``_CHUNK``, fewer when the (steps, P) iterate history would
     exceed ``_HISTORY_BYTES`` (full rank, D = 2,000: 8 steps, not 100 × 16 MB).  Chunk
-    boundaries do not change results (tests/test_advi.py)."""
+    boundaries do not change results (tests/methods/test_advi.py)."""
     return max(1, min(_CHUNK, _HISTORY_BYTES // (8 * family.n_params)))
 
 

@@ -112,7 +112,7 @@ class OracleLedger:
         counts (:class:`~stanvi.targets.base.OracleCounter`): log densities (priced and
         screening), gradients (used and redrawn), HVPs.  Every evaluation a method makes is
         charged to its ledger, so over a run this equals the target counter's growth
-        (``Fit.info['model_evaluations']``; ``tests/test_oracle_accounting.py``)."""
+        (``Fit.info['model_evaluations']``; ``tests/methods/test_oracle_accounting.py``)."""
         return {"log_density": self.log_density_draws + self.screening_draws,
                 "gradient": self.gradient_draws + self.redrawn_draws, "hvp": self.hvp_draws}
 

@@ -8,7 +8,7 @@ scipy.optimize._lbfgsb, driven from Python by reverse communication.  So where t
 the interface of SciPy ≥ 1.15 (checked by its signature), it is loaded on its own and driven by a
 transcription of SciPy's ``_minimize_lbfgsb`` loop for a function returning (f, g) with no bounds
 and no callback, with ``ScalarFunction``'s caching (f and g are evaluated again only at a point
-that differs from the last one).  ``tests/test_warm_start_lbfgsb.py`` checks that it gives
+that differs from the last one).  ``tests/optim/test_warm_start_lbfgsb.py`` checks that it gives
 ``scipy.optimize.minimize(..., jac=True, method="L-BFGS-B")``'s x, f, iterations and evaluation
 sequence exactly.  Where the module is not available in that form, scipy.optimize.minimize is
 called (one path after the other; a ``stop`` ends a path through its callback).

@@ -21,7 +21,7 @@ from stanvi.stan.services_build import services_library
 
 pytestmark = pytest.mark.slow
 
-MODELS = Path(__file__).resolve().parents[1] / "stan_models"
+MODELS = Path(__file__).resolve().parents[2] / "stan_models"
 STAN = MODELS / "gaussian" / "gaussian.stan"
 DATA = MODELS / "gaussian" / "gaussian.data.json"
 

@@ -45,7 +45,7 @@ def test_plot_is_written(tmp_path):
 def test_a_run_on_a_model_with_reference_draws(load_target, tmp_path):
     """One model, reference draws given (posteriordb's way): TrustVI and single-path Pathfinder
     run, every figure is there, and the JSON output holds the runs."""
-    # gaussian_diag: its services library is built by tests/test_reference_stan.py anyway
+    # gaussian_diag: its services library is built by tests/reference/test_reference_stan.py anyway
     target = load_target("gaussian_diag")
     rng = np.random.default_rng(0)
     reference = {f"z[{i}]": rng.normal(size=400) for i in (1, 2, 3)}

@@ -19,7 +19,7 @@ from stanvi.stan.compiler import compile_model
 
 pytestmark = pytest.mark.slow
 
-MODELS = Path(__file__).resolve().parents[1] / "stan_models"
+MODELS = Path(__file__).resolve().parents[2] / "stan_models"
 DIAG = {"D": 4, "mu": [1.0, -2.0, 0.5, 3.0], "sigma": [0.5, 2.0, 1.0, 0.1]}
 REJECT = ("// stanvi reference test: every point is rejected\n"
           "parameters {\n  real x;\n}\nmodel {\n  reject(\"always rejects\");\n}\n")

@@ -3,7 +3,7 @@
 The bridge's values come from the same C++ entry points as the batched methods, so results must
 be identical (bit for bit), and ``vmap`` must become ONE batched call: the oracle counter and a
 call-counting wrapper check that.  These tests use the ``pure_callback`` bridge (the wrapper
-sees its calls); tests/test_ffi_bridge.py checks that the XLA FFI bridge equals it exactly.
+sees its calls); tests/targets/test_ffi_bridge.py checks that the XLA FFI bridge equals it exactly.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from stanvi.discrete.rao_blackwell import columns_for, fixed_columns
 from stanvi.errors import VIError
 from stanvi.families import GaussianMixture, make_family
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIMODAL = (str(ROOT / "stan_models/bimodal/bimodal.stan"),
            str(ROOT / "stan_models/bimodal/bimodal.data.json"))
 MU = np.array([2.0, 1.5])

@@ -15,7 +15,7 @@ import pytest
 import stanvi
 from stanvi.bench.advi_fidelity import compare, proportion_z
 
-MODELS = Path(__file__).resolve().parent / "models"
+MODELS = Path(__file__).resolve().parents[1] / "models"
 SEEDS = range(1, 41)
 Z_LIMIT = 3.3   # two-sided p = 0.001 per comparison
 

@@ -20,7 +20,7 @@ scipy_optimize = pytest.importorskip("scipy.optimize")
 
 from stanvi.optim import lbfgsb as ws  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXT = scipy_optimize._lbfgsb
 needs_ext = pytest.mark.skipif(
     not str(getattr(EXT.setulb, "__doc__", "") or "").startswith(ws._SETULB_SIGNATURE),

@@ -19,7 +19,7 @@ from stanvi.reference.cmdstan_backend import unavailable_reason
 REASON = unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
 
-MODELS = Path(__file__).resolve().parents[1] / "stan_models"
+MODELS = Path(__file__).resolve().parents[2] / "stan_models"
 STAN = str(MODELS / "gaussian_diag" / "gaussian_diag.stan")
 DIAG = {"D": 4, "mu": [1.0, -2.0, 0.5, 3.0], "sigma": [0.5, 2.0, 1.0, 0.1]}
 

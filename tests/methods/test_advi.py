@@ -771,7 +771,7 @@ def test_a_throwing_output_draw_fails_the_run_as_in_stans_run():
 
 
 # ============================================================================ raw-unit regressions (issue 8)
-TEST_MODELS = os.path.join(os.path.dirname(__file__), "models")
+TEST_MODELS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "models")
 
 
 def _load_test_model(name):

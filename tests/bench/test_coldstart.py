@@ -25,7 +25,7 @@ from stanvi.families import make_family
 
 from conftest import data_file, stan_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str, env_changes: dict[str, str | None], timeout: float = 600) -> str:
@@ -142,7 +142,7 @@ def test_persistent_cache_serves_the_next_process(tmp_path, eight_schools, metho
     """A second process fitting the same model compiles nothing: every program comes from the
     cache (with the state's address in the FFI attribute, every lookup missed), and both
     processes give the same result for the same seed.  TrustVI runs on the NumPy host path and
-    compiles no program at all (tests/test_host_estimator.py); with ``STANVI_HOST_PATH=0`` it
+    compiles no program at all (tests/estimators/test_host_estimator.py); with ``STANVI_HOST_PATH=0`` it
     runs its JAX programs, the ones to cache."""
     del eight_schools  # compiled (and its HVP choice stored) by the session fixture
     cache_dir = tmp_path / "jax"
