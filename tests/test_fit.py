@@ -248,8 +248,15 @@ def test_budget_stops_with_status_budget(eight_schools, gaussian, method):
 
 def test_unknown_names_are_clear_errors():
     lp = GaussianProblem(np.zeros(2), np.eye(2), "std").log_density
-    with pytest.raises(ValueError, match="unknown method 'bfgs'.*advi.*hfsgvi.*trustvi"):
+    with pytest.raises(ValueError, match="unknown method 'bfgs'.*advi.*hfsgvi.*trustvi"
+                                         ".*qsgp.*nuts"):
         stanvi.fit(lp, dim=2, method="bfgs", progress=False)
+    # one catalogue of names: Stan's own algorithms are named, with where they run
+    with pytest.raises(ValueError, match=r"'nuts' is Stan's own algorithm.*"
+                                         r"stanvi\.reference\.nuts\(model, data\)"):
+        stanvi.fit(lp, dim=2, method="nuts", progress=False)
+    with pytest.raises(ValueError, match=r"stanvi\.reference\.stan_advi"):
+        stanvi.fit(lp, dim=2, method="stan-advi", progress=False)
     with pytest.raises(ValueError, match="unknown profile 'fast' for trustvi.*default.*paper"):
         stanvi.fit(lp, dim=2, profile="fast", progress=False)
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['max_iter'\] for trustvi"):

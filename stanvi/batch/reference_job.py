@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-REFERENCE_METHODS = ("stan-advi", "pathfinder", "nuts")
+from stanvi.methods import STAN_METHODS
+
+REFERENCE_METHODS = STAN_METHODS   # the catalogue's (stanvi.methods.METHOD_KINDS)
 PROFILES = {"stan-advi": (None,), "pathfinder": (None, "multi", "single"),
             "nuts": (None, "diag", "dense")}
 # A pathfinder or NUTS run has no variational family; the batch plans it once per seed.

@@ -20,17 +20,48 @@ METHODS: dict[str, ModuleType] = {"trustvi": trustvi, "advi": advi, "hfsgvi": hf
 GP_METHODS = ("qsgp", "exact", "svi")
 """The methods of :mod:`stanvi.gp` models (dispatched by :func:`stanvi.gp.dispatch.fit_gp`)."""
 
+STAN_METHODS = ("stan-advi", "pathfinder", "nuts")
+"""Stan's own algorithms, run in-process by :mod:`stanvi.reference` (``stan_advi``,
+``pathfinder``, ``nuts``), by the names batch runs and benchmarks give them."""
+
+#: Every method name stanvi knows, and where it runs: one table for ``stanvi.fit``, the batch
+#: planner and the error messages (the registries above are its parts)
+METHOD_KINDS: dict[str, str] = {**{m: "variational" for m in METHODS},
+                                **{m: "gp" for m in GP_METHODS},
+                                **{m: "stan" for m in STAN_METHODS}}
+
 
 def available() -> list[str]:
     return sorted(METHODS)
 
 
-def get_method(name: str) -> ModuleType:
-    """The module implementing method ``name``."""
+def method_kind(name: str) -> str:
+    """'variational' (``stanvi.fit`` on a log density), 'gp' (a :mod:`stanvi.gp` model) or
+    'stan' (Stan's own algorithm, :mod:`stanvi.reference`); a ValueError naming every method
+    for a name stanvi does not know."""
     try:
-        return METHODS[name]
+        return METHOD_KINDS[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; choose one of {available()}") from None
+        raise ValueError(
+            f"unknown method {name!r}; stanvi.fit's methods are {available()}, those of "
+            f"stanvi.gp models {list(GP_METHODS)}, and Stan's own algorithms (stanvi.reference; "
+            f"in batch runs and benchmarks) {list(STAN_METHODS)}") from None
+
+
+def get_method(name: str) -> ModuleType:
+    """The module implementing the variational method ``name``; for a GP or Stan method name,
+    a ValueError that says where that method runs."""
+    kind = method_kind(name)
+    if kind == "stan":
+        function = name.replace("-", "_")
+        raise ValueError(f"method {name!r} is Stan's own algorithm: run it with "
+                         f"stanvi.reference.{function}(model, data) (or --methods {name} in "
+                         f"`stanvi batch`); stanvi.fit's methods are {available()}")
+    if kind == "gp":
+        raise ValueError(f"method {name!r} fits stanvi.gp models (stanvi.fit(model, "
+                         f"method={name!r}) with a model built by stanvi.gp); for a log density "
+                         f"use one of {available()}")
+    return METHODS[name]
 
 
 def make_options(module: ModuleType, profile: str | None, overrides: dict):
