@@ -107,8 +107,9 @@ def _cmd_batch(args: argparse.Namespace) -> int:
                               with_reference=args.with_reference, sample=args.sample,
                               sample_seed=args.sample_seed)
     runnable = sum(c.skip is None for c in cases)
-    print(f"stanvi batch: {len(cases)} models in {args.source} ({runnable} runnable), "
-          f"{len(methods)} method(s) x {len(families)} family(ies) x {args.seeds} seed(s)"
+    fits = (f"{len(methods)} method(s) x {len(families)} family(ies) x {args.seeds} seed(s)"
+            if methods else "no fits")
+    print(f"stanvi batch: {len(cases)} models in {args.source} ({runnable} runnable), {fits}"
           f"{', NUTS references' if args.reference else ''} -> {args.out}")
     counts = run_batch(cases, args.out, config, scheduler=args.scheduler, workers=args.workers,
                        progress=not args.quiet)
