@@ -281,11 +281,13 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
     images = _plots(out, grouped, rows, pairs_by_name)
 
     references = {r["model"]: r for r in store.records("reference")}
+    rows_of: dict[str, list[dict]] = {}
+    for r in rows:
+        rows_of.setdefault(r["model"], []).append(r)
     recommendations = {}
-    for model, configs in grouped.items():
-        model_r = [r for r in rows if r["model"] == model]
+    for model in grouped:
         ref = references.get(model)
-        recommendations[model] = recommend(model_r, None if ref is None
+        recommendations[model] = recommend(rows_of.get(model, []), None if ref is None
                                            else bool(ref.get("trustworthy")))
     _write_csv(out / "recommendations.csv",
                [{"model": m, **rec} for m, rec in recommendations.items()],
@@ -321,7 +323,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
                  rp.table(failures, rp.FAILURE_COLUMNS)]
     page.append("<h2>Per model</h2><p class='why'>Each model's recommendation and the figures "
                 "that decide it; open a model for its table.</p>")
-    for model, configs in grouped.items():
+    for model in grouped:
         rec = recommendations[model]
         ref = references.get(model)
         ref_text = ("" if ref is None else
@@ -329,7 +331,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
                     f" NUTS reference: {html.escape(ref.get('status', '?'))}, not trustworthy "
                     f"({html.escape(ref.get('message') or '')}).")
         model_rows_ = [{**r, "method": label(r["config"]), "ok_runs": f"{r['ok']} / {r['runs']}"}
-                       for r in rows if r["model"] == model]
+                       for r in rows_of.get(model, [])]
         page.append(
             f"<details><summary><b>{html.escape(model)}</b> (D = {dims.get(model, '?')}): "
             f"{html.escape(label(rec['config']) if rec['config'] else 'not judged')}"

@@ -38,7 +38,6 @@ fit's and stay out of its trace).
 from __future__ import annotations
 
 from functools import partial
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -47,8 +46,8 @@ from stanvi.estimators.keys import uniform
 from stanvi.methods import trustvi_fixed
 from stanvi.methods.base import OracleLedger, RunContext, Trace, iterate, purpose_key
 from stanvi.methods.trustvi_options import Options
-from stanvi.methods.warm_start import laplace_q, mean_elbo, neg_log_p_rows
-from stanvi.optim.lbfgsb import STOPPED, minimize_lbfgsb_lockstep
+from stanvi.methods.warm_start import laplace_q, lbfgs_paths, mean_elbo, near
+from stanvi.optim.lbfgsb import STOPPED
 
 #: Common fresh draws on which the two starts' ELBOs are compared.
 COMPARE_DRAWS = 256
@@ -160,41 +159,11 @@ def _random_inits(setup, target, paths: list[int]) -> list[np.ndarray]:
     return [found[p] for p in paths]
 
 
-def _near(centres: np.ndarray, inv_sd: np.ndarray, radius: float):
-    """Whether a point lies within ``radius`` (root mean square of its coordinates in units of
-    1/``inv_sd``) of a row of ``centres``."""
-    limit = radius ** 2 * centres.shape[1]
-
-    def near(z: np.ndarray) -> bool:
-        w = (z - centres) * inv_sd
-        return bool((w * w).sum(axis=1).min() < limit)
-    return near
-
-
-def _run_paths(target, ledger: OracleLedger, inits: list, centres: np.ndarray,
-               inv_sd: np.ndarray) -> list[SimpleNamespace]:
-    """The paths' ends (``x``, ``fun`` = −log p, ``status``: SciPy's codes or ``STOPPED``),
-    each stopped near a row of ``centres`` (:func:`_near`).  In C++ where the target has
-    ``lbfgs_paths`` (a Stan model: the same algorithm in C++, no Python per iteration;
-    docs/algorithms.md#second-start); else SciPy's L-BFGS-B in lockstep, one
-    batched model call per round."""
-    if hasattr(target, "lbfgs_paths"):
-        paths = target.lbfgs_paths(np.array(inits), max_iters=PATH_MAX_ITERS, centres=centres,
-                                   inv_sd=inv_sd, radius=BASIN_RADIUS)
-        ledger.gradient_paths(paths.evaluations)
-        return [SimpleNamespace(x=x, fun=-lp, status=int(code))
-                for x, lp, code in zip(paths.x, paths.log_density, paths.status)]
-    in_basin = _near(centres, inv_sd, BASIN_RADIUS)
-    return minimize_lbfgsb_lockstep(neg_log_p_rows(target, ledger), inits,
-                                    stop=lambda _path, z: in_basin(z),
-                                    maxiter=PATH_MAX_ITERS, maxfun=2 * PATH_MAX_ITERS)
-
-
 def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
                   centres: list) -> tuple[np.ndarray | None, int]:
     """``second_paths`` L-BFGS paths (the first from Stan's random initialization, Pathfinder's
-    start, Zhang et al. 2022; the others from :func:`_uniform_init` points), run in lockstep
-    (:func:`stanvi.optim.lbfgsb.minimize_lbfgsb_lockstep`: one batched model call per round).
+    start, Zhang et al. 2022; the others from :func:`_uniform_init` points)
+    (:func:`stanvi.methods.warm_start.lbfgs_paths`: in C++ on a Stan model, else in lockstep).
     A path stops as soon as an iterate comes within ``BASIN_RADIUS`` q₁-sds (root mean square
     over coordinates) of λ₁'s mean or of a point of ``centres`` (the warm start's mode): it is
     in the basin whose optimum is certified, and its Laplace q could not beat λ₁.  Of the
@@ -205,8 +174,9 @@ def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
     inits = [np.asarray(random_init, dtype=float)]
     inits += _random_inits(setup, target, list(range(1, o.second_paths)))
     inv_sd = 1.0 / np.asarray(family.marginal_sd(first), dtype=float)
-    results = _run_paths(target, ledger, inits,
-                         np.array([family.mean(first), *(centres or [])], dtype=float), inv_sd)
+    results = lbfgs_paths(target, ledger, inits, max_iters=PATH_MAX_ITERS,
+                          centres=np.array([family.mean(first), *(centres or [])], dtype=float),
+                          inv_sd=inv_sd, radius=BASIN_RADIUS)
     info = setup.info
     info.update(second_paths_run=len(results), second_path=False, second_paths_tried=0,
                 second_paths_stopped=sum(r.status == STOPPED for r in results))
@@ -216,7 +186,7 @@ def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
     for path, res in enumerate(results):
         z = np.asarray(res.x, dtype=float)
         if (res.status == STOPPED or not np.isfinite(res.fun)
-                or (modes and _near(np.array(modes), inv_sd, BASIN_RADIUS)(z))):
+                or (modes and near(np.array(modes), inv_sd, BASIN_RADIUS)(z))):
             continue
         modes.append(z)
         info["second_paths_tried"] += 1

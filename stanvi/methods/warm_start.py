@@ -6,7 +6,7 @@ units (a regression on heights in cm: the initial ELBO is −3e9; a mean near 1,
 nats short for every method tried).  Pathfinder (Zhang, Carpenter, Gelman & Vehtari 2022, JMLR
 23(306), §2) starts from the L-BFGS path of log p for the same reason.  Here:
 
-1. L-BFGS (SciPy's L-BFGS-B, no bounds; :func:`stanvi.optim.lbfgsb.minimize_lbfgsb`) maximizes
+1. L-BFGS (SciPy's L-BFGS-B, no bounds; :func:`lbfgs_paths`) maximizes
    log p from the initial point, at most ``max_iters`` iterations; one gradient per evaluation.
 2. The Hessian H at the end point, from D Hessian-vector products in one batched call.
 3. q₀ = N(z*, diag(1/Λ_ii)) for mean-field (the mean-field optimum if p were Gaussian with
@@ -28,7 +28,7 @@ import jax
 
 from stanvi.estimators.elbo import mean_of_valid, standard_normal
 from stanvi.methods.base import OracleLedger
-from stanvi.optim.lbfgsb import minimize_lbfgsb
+from stanvi.optim.lbfgsb import minimize_lbfgsb_lockstep
 
 
 def mean_elbo(est, params: np.ndarray, eps: np.ndarray) -> float:
@@ -53,19 +53,41 @@ def neg_log_p_rows(target, ledger: OracleLedger):
     return rows
 
 
-def _mode_search(target, ledger: OracleLedger, neg_log_p, mu0: np.ndarray, max_iters: int):
-    """Step 1 of the module docstring: L-BFGS-B's path from ``mu0`` (``x``, ``fun`` = −log p,
-    ``nit``), in C++ where the target has ``lbfgs_paths`` (a Stan model: the same algorithm
-    and settings, its iterates SciPy's to rounding, docs/algorithms.md#lbfgsb), else through
-    SciPy's extension; raises ValueError when log p fails at ``mu0``."""
-    if not hasattr(target, "lbfgs_paths"):
-        return minimize_lbfgsb(neg_log_p, mu0, maxiter=max_iters, maxfun=2 * max_iters)
-    path = target.lbfgs_paths(mu0[None, :], max_iters=max_iters)
-    ledger.gradient_paths(path.evaluations)
-    if path.messages:
-        raise ValueError(path.messages[0])
-    return SimpleNamespace(x=path.x[0], fun=-float(path.log_density[0]),
-                           nit=int(path.iterations[0]))
+def near(centres: np.ndarray, inv_sd: np.ndarray, radius: float):
+    """Whether a point lies within ``radius`` (root mean square of its coordinates in units of
+    1/``inv_sd``) of a row of ``centres`` (the C++ paths' ``near_a_centre``)."""
+    limit = radius ** 2 * centres.shape[1]
+
+    def is_near(z: np.ndarray) -> bool:
+        w = (z - centres) * inv_sd
+        return bool((w * w).sum(axis=1).min() < limit)
+    return is_near
+
+
+def lbfgs_paths(target, ledger: OracleLedger, inits: list, *, max_iters: int,
+                centres: np.ndarray | None = None, inv_sd: np.ndarray | None = None,
+                radius: float = 0.0) -> list[SimpleNamespace]:
+    """Independent L-BFGS-B paths maximizing log p from ``inits``, each stopped at its first
+    iterate within ``radius`` of a row of ``centres`` (:func:`near`; none: no stop), their
+    gradients charged to ``ledger``: each path's end (``x``, ``fun`` = −log p, ``nit``,
+    ``status``: SciPy's codes or ``STOPPED``, 4 with ``message`` for a failed start).  In C++
+    where the target has ``lbfgs_paths`` (a Stan model: the same algorithm, its iterates
+    SciPy's to rounding, no Python per iteration; docs/algorithms.md#lbfgsb); else SciPy's
+    L-BFGS-B in lockstep, one batched model call per round."""
+    if hasattr(target, "lbfgs_paths"):
+        paths = target.lbfgs_paths(np.array(inits), max_iters=max_iters, centres=centres,
+                                   inv_sd=inv_sd, radius=radius)
+        ledger.gradient_paths(paths.evaluations)
+        return [SimpleNamespace(x=x, fun=-float(lp), nit=int(nit), status=int(code),
+                                message=paths.messages.get(i, ""))
+                for i, (x, lp, nit, code) in enumerate(zip(paths.x, paths.log_density,
+                                                           paths.iterations, paths.status))]
+    stop = None
+    if centres is not None and len(centres):
+        is_near = near(centres, inv_sd, radius)
+        stop = lambda _path, z: is_near(z)  # noqa: E731
+    return minimize_lbfgsb_lockstep(neg_log_p_rows(target, ledger), inits, stop=stop,
+                                    maxiter=max_iters, maxfun=2 * max_iters)
 
 
 def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
@@ -94,15 +116,12 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
     independent start: :mod:`stanvi.methods.trustvi_second_start`)."""
     if alternatives is None:
         alternatives = []
-    rows = neg_log_p_rows(target, ledger)
-
-    def neg_log_p(z: np.ndarray) -> tuple[float, np.ndarray]:
-        f, g = rows(z[None, :])
-        return float(f[0]), g[0]
-
     info: dict = {}
     try:
-        opt = _mode_search(target, ledger, neg_log_p, np.asarray(mu0, dtype=float), max_iters)
+        (opt,) = lbfgs_paths(target, ledger, [np.asarray(mu0, dtype=float)],
+                             max_iters=max_iters)
+        if getattr(opt, "message", ""):   # the C++ path could not evaluate its start
+            raise ValueError(opt.message)
     except (ValueError, FloatingPointError) as exc:  # scipy rejects non-finite starting values
         return default_params, {"warm_start": "default", "warm_start_reason": str(exc)}
     info["laplace_iterations"] = int(opt.nit)

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import random_points
-from stanvi.methods.trustvi_second_start import _run_paths
+from stanvi.methods.trustvi_second_start import BASIN_RADIUS, PATH_MAX_ITERS
+from stanvi.methods.warm_start import lbfgs_paths
 from stanvi.methods.base import OracleLedger
 from stanvi.optim.lbfgsb import STOPPED
 from stanvi.stan.library import PATH_STATUSES
 
-scipy_optimize = pytest.importorskip("scipy.optimize")
+import scipy.optimize as scipy_optimize  # noqa: E402 (a dependency)
 
 pytestmark = pytest.mark.usefixtures("compile_in_background")
 
@@ -111,11 +112,13 @@ def test_second_start_paths_charge_the_ledger(load_target):
     ledger = OracleLedger()
     mode = target.lbfgs_paths(np.array(inits[:1]), max_iters=1000).x[0]
     far = mode + 100.0
-    ends = _run_paths(target, ledger, inits, far[None, :], np.ones(target.dim))
+    ends = lbfgs_paths(target, ledger, inits, max_iters=PATH_MAX_ITERS, centres=far[None, :],
+                       inv_sd=np.ones(target.dim), radius=BASIN_RADIUS)
     assert [e.status for e in ends] == [0, 0, 0]
     direct = target.lbfgs_paths(np.array(inits), max_iters=1000)
     assert ledger.model_evaluations()["gradient"] == direct.evaluations.sum()
     assert ledger.literal == direct.evaluations.max()   # one call per round, paths side by side
     np.testing.assert_array_equal([e.x for e in ends], direct.x)
-    near = _run_paths(target, OracleLedger(), inits, mode[None, :], np.ones(target.dim))
+    near = lbfgs_paths(target, OracleLedger(), inits, max_iters=PATH_MAX_ITERS,
+                       centres=mode[None, :], inv_sd=np.ones(target.dim), radius=BASIN_RADIUS)
     assert [e.status for e in near] == [STOPPED] * 3
