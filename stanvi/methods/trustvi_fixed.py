@@ -52,6 +52,7 @@ from stanvi.methods.base import OracleLedger, StepOutcome, purpose_key
 from stanvi.methods.checks import divergence
 from stanvi.methods.trustvi_options import Options
 from stanvi.optim.gltr import solve_gltr, truncated
+from stanvi.optim.norms import norm as _norm
 from stanvi.optim.trust_region import NEWTON_RADIUS
 
 #: Accept a step when the fixed-sample ELBO rises by at least this fraction of the prediction.
@@ -136,6 +137,9 @@ def _operator(setup: FixedSetup, state: FixedState, scale: np.ndarray):
     """v ↦ −B v in the scaled variables, and the HVP draws each product costs (0: Stein)."""
     est, family, params = setup.est, setup.family, state.params
     if state.hessian == "stein":
+        matrix = family.stein_model_matrix(params, state.eps, state.model_grads)
+        if matrix is not None:   # small P: one matrix-vector product per application
+            return (-(matrix / scale[:, None]) / scale[None, :]).dot, 0
         model = family.stein_hvp_operator(params, state.eps, state.model_grads)
         return (lambda v: -model(v / scale) / scale), 0
     eps_h = state.eps[: state.n_hess]
@@ -160,7 +164,7 @@ def step(setup: FixedSetup, state: FixedState, k: int) -> StepOutcome:
               and not truncated(sol, len(c)))
     row = dict(phase="fixed", n_fixed=n, hessian=state.hessian, delta=state.delta,
                elbo=float(np.mean(state.values)), m_prime=m_prime, n_hvp=sol.n_hvp,
-               grad_norm=float(np.linalg.norm(state.grad)), solver_status=sol.status)
+               grad_norm=_norm(state.grad), solver_status=sol.status)
     stage_over = state.stage_iters + 1 >= stage_iteration_limit(o, n)
     state = state._replace(stage_iters=state.stage_iters + 1)
     if setup.explore_floor is not None:
@@ -173,21 +177,21 @@ def step(setup: FixedSetup, state: FixedState, k: int) -> StepOutcome:
         # flat fixed-sample ELBO): the fresh-sample test decides either way
         return certify(setup, state, k, scale, op, hvp_draws, tol_cert, row)
     if sol.status == "non_finite" or not np.isfinite(m_prime) or m_prime <= 0:
-        return _rejected(setup, state, row, float(np.linalg.norm(sol.s)) or state.delta,
+        return _rejected(setup, state, row, _norm(sol.s) or state.delta,
                          "non-finite Hessian-vector product or step", poor=True)
     t = np.asarray(sol.s, dtype=float)
     new = params + t / scale
     values, g, grad = values_and_gradients(est, new, state.eps)
     ledger.gradient(n)
     if not finite(values, grad):
-        return _rejected(setup, state, row, float(np.linalg.norm(t)),
+        return _rejected(setup, state, row, _norm(t),
                          "the model failed at a draw of the fixed sample", poor=False)
     change = float(np.mean(values) - np.mean(state.values))
     rho = change / m_prime
-    row.update(change=change, rho=rho, step_norm=float(np.linalg.norm(t)))
+    row.update(change=change, rho=rho, step_norm=_norm(t))
     delta = state.delta
     if rho < 0.25:
-        delta = float(np.linalg.norm(t)) / 4.0
+        delta = _norm(t) / 4.0
     elif rho > 0.75 and sol.on_boundary:
         delta = 2.0 * delta
     # the model mispredicts the fixed-sample objective (interior step: the Newton step itself)

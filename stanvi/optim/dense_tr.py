@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from stanvi.optim.norms import norm as _norm
+
 __all__ = ["DenseTRResult", "solve_dense_tr", "tr_model_value"]
 
 #: Relative size (w.r.t. ``‖b‖``) below which the components of b̃ along the bottom
@@ -56,12 +58,12 @@ def tr_model_value(b: np.ndarray, T: np.ndarray, h: np.ndarray) -> float:
 
 def _q_eig(bt: np.ndarray, lam: np.ndarray, ht: np.ndarray) -> float:
     """Model value in the eigenbasis: ``b̃ᵀh̃ + ½ Σ λᵢ h̃ᵢ²``."""
-    return float(bt @ ht + 0.5 * np.sum(lam * ht * ht))
+    return float(bt @ ht + 0.5 * (lam * ht * ht).sum())
 
 
 def _finish(V: np.ndarray, bt: np.ndarray, lam: np.ndarray, ht: np.ndarray, delta: float,
             nu: float, hard_case: bool, interior: bool) -> DenseTRResult:
-    norm = float(np.linalg.norm(ht))
+    norm = _norm(ht)
     if norm > delta:  # rounding guard: ‖h‖ ≤ δ must hold exactly
         ht = ht * (delta / norm)
     return DenseTRResult(h=V @ ht, q_value=_q_eig(bt, lam, ht), multiplier=float(max(nu, 0.0)),
@@ -75,14 +77,14 @@ def _solve_secular(bt: np.ndarray, d: np.ndarray, delta: float, t_lo: float) -> 
     ``φ'(t) = ‖h‖⁻³ Σ b̃ᵢ²/(dᵢ+t)³``. The bracket ``[lo, hi]`` always satisfies φ(lo) < 0 ≤ φ(hi);
     a Newton iterate outside it is replaced by a bisection point.
     """
-    bnorm = float(np.linalg.norm(bt))
+    bnorm = _norm(bt)
     lo = t_lo
     hi = t_lo + bnorm / delta  # ‖h(t)‖ ≤ ‖b‖/t ≤ δ there since d ≥ 0
     t = hi
     for _ in range(_MAX_SECULAR_ITER):
         den = d + t
         w = bt / den
-        hn = float(np.linalg.norm(w))
+        hn = _norm(w)
         if hn == 0.0 or not np.isfinite(hn):  # t so large that h underflowed, or den = 0
             phi = np.inf if hn == 0.0 else -np.inf
         else:
@@ -131,24 +133,25 @@ def solve_dense_tr(T: np.ndarray, b: np.ndarray, delta: float) -> DenseTRResult:
     lam, V = np.linalg.eigh(T)
     bt = V.T @ b
     lam1 = float(lam[0])
-    bnorm = float(np.linalg.norm(bt))
-    scale = max(float(np.max(np.abs(lam))), np.finfo(float).tiny)
-    d = np.maximum(lam - lam1, 0.0)  # shifted eigenvalues, d[0] = 0
+    bnorm = _norm(bt)
 
     # 2. interior (Newton) case
     if lam1 > 0:
         ht = -bt / lam
-        if np.linalg.norm(ht) <= delta:
+        if _norm(ht) <= delta:
             return _finish(V, bt, lam, ht, delta, 0.0, hard_case=False, interior=True)
+
+    scale = max(abs(lam1), abs(float(lam[-1])), np.finfo(float).tiny)   # max |λ| (λ sorted)
+    d = np.maximum(lam - lam1, 0.0)  # shifted eigenvalues, d[0] = 0
 
     # 4. hard case (only possible for λ₁ ≤ 0, where ν = −λ₁ ≥ 0)
     if lam1 <= 0:
         bottom = d <= EIG_CLUSTER_TOL * scale
-        if np.linalg.norm(bt[bottom]) <= HARD_CASE_TOL * bnorm or bnorm == 0.0:
+        if _norm(bt[bottom]) <= HARD_CASE_TOL * bnorm or bnorm == 0.0:
             ht = np.zeros(k)
             rest = ~bottom
             ht[rest] = -bt[rest] / d[rest]
-            rest_norm = float(np.linalg.norm(ht))
+            rest_norm = _norm(ht)
             if rest_norm <= delta:
                 tau = np.sqrt(max(delta * delta - rest_norm * rest_norm, 0.0))
                 # put the boundary mass on the first bottom eigenvector; pick the sign so that

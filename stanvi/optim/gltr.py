@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stanvi.optim.dense_tr import solve_dense_tr
+from stanvi.optim.norms import norm as _norm
 from stanvi.optim.trust_region import (NEWTON_RADIUS, TRResult, non_finite_result,
                                        validated_problem, zero_step_result)
 
@@ -50,7 +51,7 @@ REUSE_SKIP_TOL = 1e-8
 def _apply(hvp: HVP, v: np.ndarray) -> np.ndarray | None:
     """One operator application; ``None`` if the result is not a finite vector like ``v``."""
     w = np.asarray(hvp(v), dtype=float)
-    if w.shape != v.shape or not np.all(np.isfinite(w)):
+    if w.shape != v.shape or not np.isfinite(w).all():
         return None
     return w
 
@@ -126,7 +127,7 @@ def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1
         w, coef = _orthogonalize(rows[:j], w)
         T[:j, j - 1] = coef
         T[j - 1, :j] = coef
-        beta = float(np.linalg.norm(w))
+        beta = _norm(w)
 
         b = np.zeros(j)
         b[0] = c_norm
@@ -134,11 +135,10 @@ def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1
         if not red.interior and first_boundary_j is None:
             first_boundary_j = j
         tol = tol_interior if red.interior else tol_boundary
-        t_scale = float(np.max(np.abs(T[:j, :j])))
         if beta * abs(red.h[-1]) <= tol * c_norm:
             status = "converged" if red.interior else "boundary"
             break
-        if beta <= BREAKDOWN_TOL * t_scale or beta == 0.0:
+        if beta == 0.0 or beta <= BREAKDOWN_TOL * float(np.abs(T[:j, :j]).max()):
             status = "breakdown"
             break
         if j >= max_krylov or (first_boundary_j is not None
@@ -156,7 +156,7 @@ def solve_gltr(hvp: HVP, c: np.ndarray, delta: float, *, tol_interior: float = 1
     Q = np.ascontiguousarray(rows[:j].T)
     T_j = T[:j, :j].copy()
     s = Q @ red.h
-    norm = float(np.linalg.norm(s))
+    norm = _norm(s)
     if norm > delta:  # rounding guard (Q orthonormal to machine precision)
         s *= delta / norm
     return TRResult(s, red.q_value, n_hvp, not red.interior, red.hard_case, Q, T_j, status)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from stanvi.optim.dense_tr import solve_dense_tr
+from stanvi.optim.norms import norm
 
 
 #: The radius of a solve that wants the Newton step itself ("no trust region"): far beyond any
@@ -56,7 +57,7 @@ def validated_problem(c, delta) -> tuple[np.ndarray, float, int, float]:
     delta = float(delta)
     if not delta > 0:
         raise ValueError(f"delta must be positive, got {delta}")
-    return c, delta, c.shape[0], float(np.linalg.norm(c))
+    return c, delta, c.shape[0], norm(c)
 
 
 def zero_step_result(n: int, Q: np.ndarray | None = None,

@@ -15,6 +15,7 @@ from stanvi.estimators.fixed_sample import moment_matched
 from stanvi.estimators.host import HostElboEstimator
 from stanvi.estimators.keys import HostKey, fold_in, make_key
 from stanvi.families import FullRank, MeanField
+from stanvi.families.host_math import STEIN_MATRIX_MAX_PARAMS
 from stanvi.methods.base import purpose_key
 from stanvi.targets import JaxTarget
 from gaussian_targets import make_problem
@@ -109,6 +110,32 @@ def test_stein_model_is_the_exact_hessian_on_a_gaussian(index):
     for _ in range(3):
         v = rng.standard_normal(family.n_params)
         _close(model(v), est.hvp(params, eps, v))
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["meanfield", "fullrank-log", "fullrank-stan"])
+def test_stein_model_matrix_is_the_operator_as_a_matrix(index):
+    """The Stein model formed as a matrix (used for small P) has the operator's columns and is
+    symmetric; a mistaken block or index would show in one of the (P, P) entries."""
+    rng = np.random.default_rng(11 + index)
+    for dim in (1, 4, 7):
+        family = _families(dim)[index]
+        params = _params(family, rng)
+        eps = moment_matched(rng.standard_normal((30, dim)))
+        g = rng.standard_normal((30, dim))
+        matrix = family.stein_model_matrix(params, eps, g)
+        operator = family.stein_hvp_operator(params, eps, g)
+        columns = np.stack([operator(e) for e in np.eye(family.n_params)], axis=1)
+        _close(matrix, columns)
+        _close(matrix, matrix.T)
+
+
+def test_stein_model_matrix_is_not_formed_for_many_parameters():
+    dim = 30   # full rank: P = 495 > STEIN_MATRIX_MAX_PARAMS
+    family = FullRank(dim)
+    assert family.n_params > STEIN_MATRIX_MAX_PARAMS
+    eps, g = np.ones((4, dim)), np.ones((4, dim))
+    assert family.stein_model_matrix(family.diagonal_params(np.zeros(dim), np.zeros(dim)),
+                                     eps, g) is None
 
 
 def test_moment_matching_gives_exact_moments():
