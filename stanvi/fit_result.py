@@ -10,7 +10,6 @@ each iteration), the oracle counts by kind and the stopping reason.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +19,7 @@ from stanvi.estimators.registry import estimator_for
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
 from stanvi.estimators.keys import fold_in, make_key
 from stanvi.methods.base import Trace
+from stanvi.output.cmdstanpy_accessors import CmdStanPyAccessors, Draws
 from stanvi.targets.base import Target
 
 
@@ -67,13 +67,15 @@ class FitTrace(Trace):
 
 
 @dataclass
-class Fit:
+class Fit(CmdStanPyAccessors):
     """The result of a variational fit.
 
     Attributes:
         method, family, profile, options, seed: what was run.
         params: the final variational parameters λ (flat; see the family for the layout).
-        draws: constrained draws by Stan variable name, each (n_draws, *shape).
+        draws: constrained draws by Stan variable name, each (n_draws, *shape) (a dict;
+            ``fit.draws()`` is cmdstanpy's draws × columns array, see
+            :mod:`stanvi.output.cmdstanpy_accessors` for the other cmdstanpy accessors).
         unconstrained_draws: (n_draws, D).
         log_p, log_q: log p (Jacobian included, normalized) and log q at each draw.
         trace: the per-iteration :class:`~stanvi.methods.base.Trace`.
@@ -110,6 +112,9 @@ class Fit:
     _estimator: ElboEstimator | None = field(default=None, repr=False)
     _diagnostics: Any = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        self.draws = Draws(self.draws, table=lambda: self.variational_sample)
+
     # ---------------------------------------------------------------- accessors
     @property
     def mean(self) -> np.ndarray:
@@ -139,101 +144,6 @@ class Fit:
 
     def stan_variables(self) -> dict[str, np.ndarray]:
         return dict(self.draws)
-
-    def draws_pd(self, vars: str | list[str] | None = None):  # noqa: A002  (cmdstanpy's name)
-        """The draws as a pandas DataFrame, one row per draw, one column per scalar element named
-        like cmdstanpy (``theta[1]``); without ``vars``, Stan's ``lp__``, ``log_p__`` and
-        ``log_g__`` columns come first, as in the Stan CSV and cmdstanpy's
-        ``variational_sample_pd``."""
-        import pandas as pd  # noqa: PLC0415
-
-        from stanvi.stan.names import element_labels  # noqa: PLC0415
-
-        names = [vars] if isinstance(vars, str) else list(vars) if vars is not None else list(
-            self.draws)
-        columns: dict[str, np.ndarray] = {}
-        if vars is None:
-            from stanvi.output.arviz_io import log_g  # noqa: PLC0415
-
-            n = len(self.log_p)
-            columns.update({"lp__": np.zeros(n), "log_p__": np.asarray(self.log_p, dtype=float),
-                            "log_g__": log_g(self)})
-        for name in names:
-            arr = np.asarray(self.stan_variable(name))
-            flat = arr.reshape(arr.shape[0], -1, order="F")
-            for j, label in enumerate(element_labels(name, arr.shape[1:])):
-                columns[label] = flat[:, j]
-        return pd.DataFrame(columns)
-
-    @property
-    def variational_params_dict(self) -> dict[str, float]:
-        """The approximation's mean, constrained (the Stan CSV's row 0), by element name, with
-        ``lp__ = log_p__ = log_g__ = 0`` first: what cmdstanpy's ``CmdStanVB`` of the same CSV
-        gives."""
-        from stanvi.output.arviz_io import mean_row  # noqa: PLC0415
-        from stanvi.stan.names import element_labels  # noqa: PLC0415
-
-        out = {"lp__": 0.0, "log_p__": 0.0, "log_g__": 0.0}
-        row = mean_row(self)
-        for name in self.draws:
-            value = np.asarray(row[name])[0]
-            flat = value.reshape(-1, order="F")
-            out.update(zip(element_labels(name, value.shape), (float(v) for v in flat)))
-        return out
-
-    @property
-    def variational_params_pd(self):
-        """Mean and sd per named parameter, in both spaces: a DataFrame indexed by ``(space,
-        name)``.  ``unconstrained`` rows are q itself (its mean and marginal sd per unconstrained
-        coordinate, Stan's names, e.g. ``tau`` for log tau); ``constrained`` rows are q's mean
-        pushed through the constraining transform (the Stan CSV's row 0) and the sd of the
-        constrained draws, for every element of every variable."""
-        import pandas as pd  # noqa: PLC0415
-
-        names = list(getattr(self.target, "unconstrained_names", []) or [])
-        mean = self.mean
-        if len(names) != mean.size:
-            names = [f"z.{i + 1}" for i in range(mean.size)]
-        sd = np.sqrt(np.diag(self.covariance))
-        index = [("unconstrained", n) for n in names]
-        rows = list(zip(mean.tolist(), sd.tolist()))
-        params = self.variational_params_dict
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            draws_sd = self.draws_pd().std(ddof=1)
-        for label, value in params.items():
-            if label.endswith("__"):
-                continue
-            index.append(("constrained", label))
-            rows.append((value, float(draws_sd[label])))
-        return pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["space", "name"]),
-                            columns=["mean", "sd"])
-
-    def create_inits(self, seed: int | None = None, chains: int = 4):
-        """Initial values for MCMC (e.g. ``cmdstanpy``'s ``sample(inits=...)``, or
-        :func:`stanvi.reference.nuts`) from ``chains`` distinct draws of the approximation,
-        chosen at random as cmdstanpy's ``CmdStanVB.create_inits`` does: a dict of parameter
-        values by name for ``chains=1``, else a list of dicts.  Only the model's parameters are
-        included (not transformed parameters or generated quantities) when the target knows
-        which they are."""
-        if isinstance(chains, bool) or not isinstance(chains, (int, np.integer)) or chains < 1:
-            raise ValueError(f"chains must be a positive integer, got {chains!r}")
-        n = len(self.log_p)
-        if chains > n:
-            raise ValueError(f"chains={chains} needs as many distinct draws; the fit has {n}")
-        kinds = self.target.variable_kinds() if hasattr(self.target, "variable_kinds") else {}
-        names = [k for k in self.draws if kinds.get(k, "parameter") == "parameter"]
-        finite = np.ones(n, dtype=bool)
-        for k in names:
-            finite &= np.isfinite(np.asarray(self.draws[k], dtype=float).reshape(n, -1)).all(1)
-        pool = np.flatnonzero(finite)
-        if pool.size < chains:
-            raise ValueError(f"only {pool.size} draws have finite parameter values; "
-                             f"{chains} inits asked for")
-        rng = np.random.default_rng(seed)
-        picks = rng.choice(pool, size=chains, replace=False)
-        inits = [{k: np.asarray(self.draws[k])[i] for k in names} for i in picks]
-        return inits[0] if chains == 1 else inits
 
     def trace_pd(self):
         """``fit.trace.to_pandas()``: the iteration trace as a DataFrame."""

@@ -157,6 +157,26 @@ def _header_lines(fit, data_file: str | None, output_file: str | None) -> list[s
     return lines
 
 
+def header_config(fit, data_file: str | None = None) -> dict[str, Any]:
+    """The configuration the CSV's header states, as one flat dictionary of ``key = value``
+    lines with numbers parsed, the way cmdstanpy's ``from_csv`` reads it
+    (:attr:`~stanvi.output.cmdstanpy_accessors.CmdStanPyAccessors.metadata`)."""
+    config: dict[str, Any] = {}
+    for line in _header_lines(fit, data_file, None):
+        key, sep, value = line.strip().partition(" = ")
+        if not sep:
+            continue
+        for parse in (int, float):
+            try:
+                config[key] = parse(value)
+                break
+            except ValueError:
+                continue
+        else:
+            config[key] = value
+    return config
+
+
 def _adaptation_lines(fit) -> list[str]:
     """CmdStan's block after the header row (cmdstanpy reads ``eta`` from it)."""
     eta = cmdstan_variational_config(fit)["eta"]

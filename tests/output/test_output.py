@@ -253,8 +253,38 @@ def test_cmdstanpy_style_accessors_agree_with_cmdstanpy(fit, tmp_path):
         fit.create_inits(chains=0)
 
 
-def test_variational_params_pd_has_both_spaces(fit):
-    table = fit.variational_params_pd
+def test_every_cmdstanvb_accessor_equals_cmdstanpys_reading_of_the_csv(fit, tmp_path):
+    """column_names, variational_sample(_pd), variational_params_np/_pd, metadata and draws()
+    have cmdstanpy's shapes, names and values (cmdstanpy reads the fit's own CSV, written at
+    full precision)."""
+    import cmdstanpy  # noqa: PLC0415
+
+    vb = cmdstanpy.from_csv(str(write_csv(fit, tmp_path / "fit.csv")))
+    assert fit.column_names == tuple(vb.column_names)
+    np.testing.assert_allclose(fit.variational_sample, vb.variational_sample, rtol=1e-15,
+                               atol=1e-12)
+    assert fit.variational_sample.shape == (300, len(fit.column_names))
+    np.testing.assert_array_equal(fit.draws(), fit.variational_sample)
+    assert list(fit.variational_sample_pd.columns) == list(vb.variational_sample_pd.columns)
+    np.testing.assert_array_equal(fit.variational_params_np, vb.variational_params_np)
+    ours, theirs = fit.variational_params_pd, vb.variational_params_pd
+    assert ours.shape == theirs.shape == (1, len(fit.column_names))
+    assert list(ours.columns) == list(theirs.columns)
+    np.testing.assert_array_equal(ours.to_numpy(), theirs.to_numpy())
+    config = vb.metadata.cmdstan_config
+    mine = fit.metadata.cmdstan_config
+    assert mine["method"] == "variational" and mine["stanvi_method"] == fit.method
+    for key, value in mine.items():
+        if key in config and key not in ("file",):   # data and output files share a key
+            assert config[key] == value, key
+    assert fit.metadata.stan_vars == {name: arr.shape[1:] for name, arr in fit.draws.items()}
+    # fit.draws is still the dict by variable name
+    assert isinstance(fit.draws, dict) and fit.draws["sigma"].shape == (300,)
+    np.testing.assert_array_equal(fit.draws["sigma"], fit.stan_variable("sigma"))
+
+
+def test_approximation_pd_has_both_spaces(fit):
+    table = fit.approximation_pd
     assert list(table.columns) == ["mean", "sd"]
     unc = table.loc["unconstrained"]
     assert list(unc.index) == ["alpha", "beta", "sigma"]
