@@ -137,21 +137,30 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         fit_result.info["family_note"] = family_note
     _report_diagnostics(fit_result, progress)
     if not fit_result.converged:
-        text = not_converged_text(fit_result)
+        text = not_converged_text(fit_result, as_error=require_converged)
         if require_converged:
             raise NotConvergedError(text, fit=fit_result)
         warnings.warn(text, NotConvergedWarning, stacklevel=2)
     return fit_result
 
 
-def not_converged_text(fit_result: Fit) -> str:
-    """What a fit that did not converge says to its user (the warning's and error's text)."""
+def not_converged_text(fit_result: Fit, *, as_error: bool = False) -> str:
+    """What a fit that did not converge says to its user: the warning's text, or with
+    ``as_error`` the :class:`NotConvergedError`'s (raised because the caller asked for
+    ``require_converged``, so it does not suggest passing it; the fit is the error's ``.fit``)."""
     how = {"max_iters": "reached its iteration limit",
            "budget": "spent its oracle budget (max_oracle_calls)",
            "failed": "failed"}.get(fit_result.status, f"stopped with status {fit_result.status!r}")
-    advice = ("see fit.message and fit.diagnostics()" if fit_result.status == "failed" else
-              "the approximation may be far from the optimum: raise the limit, check "
-              "fit.diagnostics(), or pass require_converged=True to make this an error")
+    if fit_result.status == "failed":
+        advice = "see fit.message and fit.diagnostics()"
+    elif as_error:
+        advice = ("raise the limit, or look at the approximation as it stood (the error's .fit, "
+                  "its diagnostics())")
+    else:
+        advice = ("the approximation may be far from the optimum: raise the limit, check "
+                  "fit.diagnostics(), or pass require_converged=True to make this an error")
+    if as_error and fit_result.status == "failed":
+        advice = "see the error's .fit: its message and diagnostics()"
     message = " ".join(str(fit_result.message or "").split())
     return (f"{fit_result.method} {how} before converging"
             + (f" ({message})" if message else "") + f"; {advice}")

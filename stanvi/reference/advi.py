@@ -70,7 +70,7 @@ def stan_advi(model: str | os.PathLike | CompiledModel, data: DataLike = None, *
                        int(bool(opts["adapt_engaged"])), opts["adapt_iter"], opts["eval_elbo"],
                        opts["output_samples"])
     except RuntimeError as exc:
-        raise_run_error(exc, f"ADVI ({algorithm})", compiled.name)
+        raise_run_error(exc, f"ADVI ({algorithm})", compiled.name, data_json)
     wall = time.perf_counter() - start
     draws, stan_columns = split_columns(raw.names, raw.draws[1:], len(_ADVI_COLUMNS))
     mean, _ = split_columns(raw.names, raw.draws[:1], len(_ADVI_COLUMNS))

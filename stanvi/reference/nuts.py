@@ -90,7 +90,7 @@ def nuts(model: str | os.PathLike | CompiledModel, data: DataLike = None, *, cha
         else:
             runs = [run(k + 1, *args) for k in range(chains)]
     except RuntimeError as exc:
-        raise_run_error(exc, f"NUTS ({metric})", compiled.name)
+        raise_run_error(exc, f"NUTS ({metric})", compiled.name, data_json)
     wall = time.perf_counter() - start
     names = runs[0].names
     if tuple(names[:len(SAMPLER_COLUMNS)]) != SAMPLER_COLUMNS:

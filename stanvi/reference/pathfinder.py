@@ -67,7 +67,7 @@ def pathfinder(model: str | os.PathLike | CompiledModel, data: DataLike = None, 
                        opts["num_paths"] if multi else 0, int(bool(opts["psis_resample"])),
                        int(bool(opts["calculate_lp"])))
     except RuntimeError as exc:
-        raise_run_error(exc, "Pathfinder", compiled.name)
+        raise_run_error(exc, "Pathfinder", compiled.name, data_json)
     wall = time.perf_counter() - start
     draws, stan_columns = split_columns(raw.names, raw.draws, len(_COLUMNS))
     return ReferenceFit(

@@ -141,11 +141,13 @@ def prepare(model, data: DataLike, progress: bool) -> tuple[CompiledModel, str, 
     return compiled, data_json, load_services(services_library(compiled, progress=progress))
 
 
-def raise_run_error(exc: RuntimeError, algorithm: str, model_name: str):
-    """Stan's failure as a stanvi error: bad data → StanDataError, else ReferenceRunError."""
+def raise_run_error(exc: RuntimeError, algorithm: str, model_name: str,
+                    data_json: str | None = None):
+    """Stan's failure as a stanvi error: bad data → StanDataError (missing data said so, given
+    the data as passed), else ReferenceRunError."""
     message = str(exc)
     if message.startswith("Error in model construction"):
-        raise data_error_from_stan(message, model_name) from None
+        raise data_error_from_stan(message, model_name, data_json) from None
     raise ReferenceRunError(f"Stan's {algorithm} failed on model '{model_name}': {message}") \
         from None
 

@@ -66,8 +66,11 @@ _VARIABLE_PATTERNS = (
 )
 
 
-def data_error_from_stan(message: str, model_name: str) -> StanDataError:
-    """Turn Stan's model-construction message into a StanDataError naming the variable."""
+def data_error_from_stan(message: str, model_name: str,
+                         data_json: str | None = None) -> StanDataError:
+    """Turn Stan's model-construction message into a StanDataError naming the variable.  With
+    the data as given (``data_json``; empty: none), a variable Stan could not find is said to
+    be missing, and no data at all is said to be no data, rather than "rejected"."""
     text = message.replace("Error in model construction: ", "").strip()
     variable = None
     for pattern in _VARIABLE_PATTERNS:
@@ -75,5 +78,15 @@ def data_error_from_stan(message: str, model_name: str) -> StanDataError:
         if found:
             variable = found.group(1)
             break
+    if variable and "variable does not exist" in text and data_json is not None:
+        given = sorted(json.loads(data_json)) if data_json.strip() else []
+        if not given:
+            return StanDataError(
+                f"model '{model_name}' needs data (it reads '{variable}' first) and none were "
+                "given: pass data= a dict, a JSON text or a .json file (on the command line: "
+                "--data FILE.json)", variable=variable)
+        return StanDataError(
+            f"model '{model_name}' needs data variable '{variable}', which the data do not give "
+            f"(they give {', '.join(given)}): {text}", variable=variable)
     what = f"data variable '{variable}'" if variable else "the data"
     return StanDataError(f"model '{model_name}' rejected {what}: {text}", variable=variable)

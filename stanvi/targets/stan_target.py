@@ -105,7 +105,8 @@ class StanTarget:
         try:
             self._bs = load_bridgestan_model(library, self.data_json, self.seed)
         except RuntimeError as exc:
-            raise data_error_from_stan(str(exc), self._model_name_guess()) from None
+            raise data_error_from_stan(str(exc), self._model_name_guess(),
+                                       self.data_json) from None
         self._handle = int(self._bs.model)
         self._dim = self._bs.param_unc_num()
         self._ffi_state[SLOT_MODEL] = self._handle
