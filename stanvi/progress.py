@@ -17,6 +17,7 @@ and ``progress=False`` (``--quiet``) turns the displays off and demotes those me
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -52,7 +53,15 @@ def _in_notebook() -> bool:
 
 
 def _is_tty(stream) -> bool:
-    return hasattr(stream, "isatty") and stream.isatty()
+    """A terminal a bar can be redrawn on: a tty whose width is not 0 (a pseudo-terminal with
+    no size, as some CI runners and ``script`` give, shows a tqdm bar as nothing at all: there
+    each status is a line of its own instead)."""
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):
+        return True
 
 
 def _live(stream) -> bool:

@@ -145,3 +145,27 @@ def test_task_progress_disabled_logs_at_debug(stanvi_log):
     records = [r for r in stanvi_log.records if r.name == "stanvi.batch"]
     assert records and all(r.levelno == logging.DEBUG for r in records)
     assert records[-1].getMessage().startswith("batch: 1/2 done (1 failed), 0 running")
+
+
+def test_a_terminal_of_zero_columns_gets_plain_lines():
+    """A pseudo-terminal with no size (some CI runners, ``script``): a tqdm bar there draws
+    nothing at all, so each status is a line of its own, as off a terminal."""
+    import fcntl  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import pty  # noqa: PLC0415
+    import struct  # noqa: PLC0415
+    import termios  # noqa: PLC0415
+
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+    with os.fdopen(side, "w") as stream:
+        bar = IterationProgress("trustvi", stream=stream, every=0.0)
+        assert not bar.interactive
+        for k in (1, 2):
+            bar.update(k, elbo=-1.5 * k)
+        bar.close()
+        stream.flush()
+        os.set_blocking(main, False)
+        text = os.read(main, 4096).decode()
+    os.close(main)
+    assert "trustvi: 2 it" in text and "elbo=-3" in text
