@@ -120,6 +120,14 @@ def _family_options(text: str | None, family: str) -> dict:
     return values
 
 
+def _var_names(text: str) -> list[str]:
+    """``--var-names mu,tau``: the variables to summarize, in order."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one variable name")
+    return names
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -219,7 +227,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
           f"{fit.oracle['oracle_scaled']:.1f} oracle calls, {fit.wall_time:.2f} s "
           f"(JAX compile {fit.compile_time:.2f} s)")
     with pd.option_context("display.max_rows", args.max_rows, "display.width", 120):
-        summary = fit.summary()
+        summary = fit.summary(var_names=args.var_names)
         print(summary.to_string(float_format=lambda x: f"{x:.4g}", max_rows=args.max_rows))
     print()
     print(fit.diagnostics())
@@ -313,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--posterior-predictive", action="append", metavar="[OBS=]GQ",
                    help="move generated quantity GQ to the posterior_predictive group, e.g. "
                         "--posterior-predictive y=y_rep (repeatable)")
+    p.add_argument("--var-names", type=_var_names, default=None, metavar="NAME[,NAME...]",
+                   help="summarize only these variables (default: all)")
     p.add_argument("--max-rows", type=int, default=40,
                    help="rows of the summary table to print (default: 40)")
     p.add_argument("--quiet", action="store_true", help="no progress output")

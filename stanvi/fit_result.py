@@ -171,14 +171,19 @@ class Fit(CmdStanPyAccessors):
         v = np.concatenate(vals)
         return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v)))
 
-    def summary(self, percentiles: tuple[float, ...] = (5, 50, 95)):
+    def summary(self, percentiles: tuple[float, ...] = (5, 50, 95),
+                var_names: str | list[str] | None = None):
         """A table (pandas DataFrame) of mean, sd and percentiles per scalar, computed with
         arviz-stats, one row per element named like cmdstanpy (``beta[1]``, ``Sigma[2,1]``;
         the DataTree's 1-based coordinates give ``arviz_stats.summary`` the same numbers);
-        non-finite draws are left out; see :func:`stanvi.output.summary.summary_table`."""
+        ``var_names``: only these variables (ArviZ's argument), in this order; non-finite
+        draws are left out; see :func:`stanvi.output.summary.summary_table`."""
         from stanvi.output.summary import summary_table  # noqa: PLC0415
 
-        return summary_table(self.draws, percentiles)
+        if var_names is None:
+            return summary_table(self.draws, percentiles)
+        names = [var_names] if isinstance(var_names, str) else list(var_names)
+        return summary_table({name: self.stan_variable(name) for name in names}, percentiles)
 
     # ---------------------------------------------------------------- output (issue P1-3)
     def diagnostics(self, resample: bool = False, **kwargs):

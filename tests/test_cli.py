@@ -229,3 +229,25 @@ def test_fit_with_the_mixture_family_and_its_options(tmp_path, capsys):
                  "--quiet", "--family-options", '{"n_components": 3}', "--name", "mf",
                  "--output", str(tmp_path)]) == 1
     assert "it takes none" in capsys.readouterr().err
+
+
+def test_no_data_at_all_says_data_are_missing(bernoulli_compiled):
+    proc = run_cli("fit", stan_file("bernoulli"), "--quiet")
+    assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0
+    first = error_line(proc)
+    assert "needs data" in first and "none were given" in first and "--data" in first
+    assert "rejected" not in first
+
+
+def test_var_names_restricts_the_printed_summary(compiled, tmp_path, capsys):
+    from stanvi.cli import main  # noqa: PLC0415
+
+    compiled("eight_schools")
+    base = ["fit", str(stan_file("eight_schools")), "--data", str(data_file("eight_schools")),
+            "--quiet", "--output", str(tmp_path)]
+    assert main([*base, "--var-names", "tau,mu"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines()[2:4]]
+    assert rows == ["tau", "mu"] and "theta[1]" not in out
+    assert main([*base, "--name", "all"]) == 0
+    assert "theta[1]" in capsys.readouterr().out
