@@ -112,6 +112,7 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     counter = getattr(target, "counter", None)
     model_before = getattr(counter, "seconds", 0.0)
     evaluations_before = counter.snapshot() if counter is not None else None
+    cpu0 = time.thread_time()
     try:
         with blas_limited(fam.dim):
             result: MethodResult = module.run(target, fam, key=key, options=opts,
@@ -119,6 +120,10 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     finally:
         bar.close()
     wall = time.perf_counter() - t1
+    # the calling thread's CPU in the method (the model's worker threads not included): a
+    # figure that other load on the machine disturbs less than wall time
+    # (stanvi bench run-cpu, docs/benchmarks.md#run-cpu)
+    result.info["run_cpu_seconds"] = time.thread_time() - cpu0
     compile_time = estimator.compile_seconds - compile_before   # within the run, as wall is
     if getattr(counter, "seconds", 0.0) > model_before:  # StanTarget times its batched calls
         result.info["model_seconds"] = counter.seconds - model_before

@@ -16,7 +16,7 @@ def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
                                     "coldstart", "fullrank", "jointcv", "peers", "mlmcvi", "rb",
-                                    "qsgp", "local-optima", "advi-fidelity"],
+                                    "qsgp", "local-optima", "advi-fidelity", "run-cpu"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -34,6 +34,8 @@ def add_bench_parser(sub) -> None:
                         "qsgp: stanvi.gp step time over n and m vs the svi baseline, control-"
                         "variate variance reduction, accuracy on simulated sets (--models among "
                         "steps,cv,small,accuracy,walltime,rvm; --iters: training steps, default 3000); "
+                        "run-cpu: CPU of TrustVI's run per fit on small stan_models (--models, "
+                        "--seeds; default 7 small models, 5 seeds); "
                         "local-optima: does TrustVI certify a local optimum that ADVI or "
                         "Pathfinder beats by a nat (hmm_drive_0, mvn_orange, stagnant); "
                         "advi-fidelity: stanvi's ADVI against Stan's C++ ADVI, failures and eta "
@@ -168,6 +170,12 @@ def run_bench(args: argparse.Namespace) -> int:
                             seeds=args.seeds, configs=configs,
                             output=Path(args.output) if args.output else None,
                             optima_dir=Path(args.optima_dir) if args.optima_dir else None)
+        return 0
+    if args.what == "run-cpu":
+        from stanvi.bench import run_cpu  # noqa: PLC0415
+
+        models = tuple(args.models.split(",")) if args.models else run_cpu.DEFAULT_MODELS
+        run_cpu.run(Path(args.models_dir), models, seeds=args.seeds)
         return 0
     if args.what == "coldstart":
         from stanvi.bench import coldstart  # noqa: PLC0415
