@@ -8,22 +8,49 @@ look at the oracle counter compare snapshots, never absolute values.
 
 The compile cache is whatever ``$STANVI_CACHE_DIR`` (default ``~/.cache/stanvi``) says; tests that
 exercise the cache itself use programs with a random comment, so they never meet a stale entry.
+Models are built at ``-O1`` (``$STANVI_OPT_LEVEL``, set below): the level is part of the
+toolchain fingerprint, so these builds have cache entries of their own.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-import pytest
+# The suite builds its Stan models at -O1, not the users' -O3 (stanvi/stan/toolchain.py; figures
+# in docs/models_and_targets.md#optimization-level): a fresh clone's run compiles ~45 models,
+# ~20% less g++ time, while the suite's model evaluations cost about the same CPU.  Set here,
+# before anything compiles, so the xdist workers and every subprocess a test starts (CLI, batch
+# workers) inherit it and share one cache; an explicit $STANVI_OPT_LEVEL is kept.
+os.environ.setdefault("STANVI_OPT_LEVEL", "-O1")
+# One BLAS thread per test process (NumPy's and SciPy's OpenBLAS), as stanvi's fits already run
+# (stanvi.methods.blas_threads), here for the tests' own NumPy too: two xdist workers share two
+# cores with background g++ compiles, and idle OpenBLAS workers spin.  With two busy processes
+# beside it, tests/optim/test_warm_start_lbfgsb.py's quad30 case took 37 s with two BLAS
+# threads, 2.3 s with one (1.4 s on an idle machine).  tests/methods/test_blas_threads.py gives
+# itself two.  Set before NumPy is imported, so subprocesses inherit it too.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# XLA compiles the suite's JAX programs with LLVM's optimizations off, as tests/gp's estimator
+# tests already did: the suite compiles thousands of small programs that each run briefly, and a
+# fresh clone (empty JAX cache) spends about as much CPU compiling them as compiling Stan models.
+# On the JAX-heavy tests (estimators, discrete, families, test_trustvi; cache off) it cut CPU
+# time 447 -> 334 s.  XLA_FLAGS is part of JAX's cache key: these programs are never served to a
+# user's process.  Set before JAX starts its backend; flags already in XLA_FLAGS are kept.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, (
+        os.environ.get("XLA_FLAGS", "").strip(), "--xla_backend_optimization_level=0",
+        "--xla_llvm_disable_expensive_passes=true")))
 
-import stanvi
-from stanvi.stan.compiler import CompiledModel, compile_model
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import stanvi  # noqa: E402
+from stanvi.stan.compiler import CompiledModel, compile_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS_DIR = ROOT / "stan_models"

@@ -178,16 +178,15 @@ def test_log_q_and_elbo_of_a_fit():
 
 # ------------------------------------------------------------------------------ inputs
 
-ZERO_PARAMS = """
-data { int N; }
-generated quantities { real twice = 2 * N; }
-"""
+# data { real y; } and a generated quantity, no parameters (tests/stan/test_toolchain_errors.py
+# loads the same program: one compile)
+ZERO_PARAMS = MODELS_DIR.parent / "tests" / "models" / "zero_parameters.stan"
 
 
-def test_zero_parameter_model_is_a_vi_error(tmp_path):
-    lib = compile_model(ZERO_PARAMS, name="no_parameters", progress=False)
+def test_zero_parameter_model_is_a_vi_error():
+    lib = compile_model(ZERO_PARAMS, progress=False)
     with pytest.raises(stanvi.VIError, match="no parameters"):
-        stanvi.fit(lib, data={"N": 3}, progress=False)
+        stanvi.fit(lib, data={"y": 3.0}, progress=False)
 
 
 def test_fit_from_paths():
@@ -329,6 +328,7 @@ def test_a_fit_that_did_not_converge_warns_even_without_progress():
         stanvi.fit(lp, dim=2, progress=False, draws=5, max_iters=1, warm_start="none",
                    require_converged=True)
     assert exc.value.fit.status == "max_iters" and isinstance(exc.value, stanvi.VIError)
+    assert "require_converged" not in str(exc.value)   # the caller already passed it
     assert issubclass(stanvi.NotConvergedWarning, stanvi.StanviWarning)
     with warnings.catch_warnings():          # a converged fit warns of nothing
         warnings.simplefilter("error", stanvi.StanviWarning)

@@ -29,6 +29,18 @@ BASE_FLAGS = (
     "-Wno-sign-compare", "-Wno-ignored-attributes", "-Wno-deprecated-declarations",
 )
 EXACT_HVP_FLAG = "-DSTAN_MODEL_FVAR_VAR"
+
+# The optimization level of every build: -O3 unless $STANVI_OPT_LEVEL names another.  The test
+# suite (tests/conftest.py) builds at -O1: a fresh clone's `make test` compiles ~45 models, ~20%
+# faster at -O1; its models run slower per point (gradients 10-60%), but model evaluations are a
+# small part of the suite: with warm caches its CPU time is the same at both levels (figures:
+# docs/models_and_targets.md#optimization-level).  Users' builds keep -O3.
+# IEEE arithmetic without -ffast-math gives the same results at every level.  The level is part
+# of the flags, so of the toolchain fingerprint: each level has its own precompiled header and
+# cache entries, and a test build is never served to a user's -O3 fit.
+OPT_LEVEL_ENV = "STANVI_OPT_LEVEL"
+DEFAULT_OPT_LEVEL = "-O3"
+OPT_LEVELS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Og")
 LINK_LIBRARIES = ("-lsundials_cvodes", "-lsundials_idas", "-lsundials_kinsol",
                   "-lsundials_nvecserial", "-ltbb")
 
@@ -61,7 +73,7 @@ class Toolchain:
     def compile_flags(self, exact_hvp: bool) -> list[str]:
         """Compiler flags for one of the two builds: exact nested-autodiff HVPs or finite
         differences (the fallback for models, such as ODE models, that fvar<var> cannot compile)."""
-        flags = list(BASE_FLAGS) + [f"-I{self.include_dir}"]
+        flags = list(base_flags()) + [f"-I{self.include_dir}"]
         if exact_hvp:
             flags.append(EXACT_HVP_FLAG)
         return flags
@@ -78,10 +90,31 @@ class Toolchain:
     def fingerprint(self) -> str:
         """A short hash of the toolchain and flags (what the precompiled header depends on)."""
         h = hashlib.sha256()
-        for part in (self.stanc_version, self.cxx_version, str(self.include_dir), " ".join(BASE_FLAGS)):
+        for part in (self.stanc_version, self.cxx_version, str(self.include_dir),
+                     " ".join(base_flags())):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:16]
+
+
+def opt_level() -> str:
+    """The optimization flag of every build: ``$STANVI_OPT_LEVEL`` (one of :data:`OPT_LEVELS`;
+    ``O1`` without the dash is accepted too), else :data:`DEFAULT_OPT_LEVEL`."""
+    value = os.environ.get(OPT_LEVEL_ENV, "").strip()
+    if not value:
+        return DEFAULT_OPT_LEVEL
+    level = value if value.startswith("-") else f"-{value}"
+    if level not in OPT_LEVELS:
+        raise ToolchainError(f"${OPT_LEVEL_ENV}={value!r} is not an optimization level stanvi "
+                             f"builds with; use one of {', '.join(OPT_LEVELS)} (or unset it: "
+                             f"{DEFAULT_OPT_LEVEL})")
+    return level
+
+
+def base_flags() -> tuple[str, ...]:
+    """:data:`BASE_FLAGS` with the optimization level of :func:`opt_level`."""
+    level = opt_level()
+    return tuple(level if flag == DEFAULT_OPT_LEVEL else flag for flag in BASE_FLAGS)
 
 
 def glue_fingerprint() -> str:

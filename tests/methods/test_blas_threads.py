@@ -23,6 +23,15 @@ def _restored(before: dict[str, int]) -> bool:
     return all(after[path] == n for path, n in before.items())
 
 
+@pytest.fixture(autouse=True)
+def two_blas_threads():
+    """The suite runs with one BLAS thread (tests/conftest.py); these tests need a caller with
+    more, or a limit to one thread would change nothing they could see."""
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        assert set(_blas_threads().values()) == {2}
+        yield
+
+
 def test_limit_applies_to_small_problems_only_and_is_restored(monkeypatch):
     before = _blas_threads()
     assert before, "no BLAS library found by threadpoolctl"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,10 +17,9 @@ from stanvi.families import FullRank, MeanField
 from stanvi.estimators.elbo import standard_normal
 from stanvi.methods.checks import divergence, improper_direction
 
-REJECT_HALF = """
-parameters { vector[2] x; }
-model { if (x[1] > 0) reject("x[1] must be <= 0"); x ~ std_normal(); }
-"""
+# parameters { vector[2] x; } model { if (x[1] > 0) reject(...); x ~ std_normal(); }, also
+# used by tests/diagnostics (one compile)
+REJECT_HALF = Path(__file__).resolve().parents[1] / "models" / "reject_half.stan"
 
 
 def flat(z):
@@ -36,11 +36,9 @@ def test_improper_posterior_fails_with_the_reason(family):
 
 
 @pytest.mark.parametrize("family", ["meanfield", "fullrank"])
-def test_model_failing_on_half_of_q_fails_with_the_stan_message(tmp_path, family):
+def test_model_failing_on_half_of_q_fails_with_the_stan_message(family):
     """Before: status 'converged' with no accepted step and 53% of q's draws rejected."""
-    path = tmp_path / "reject_half.stan"
-    path.write_text(REJECT_HALF)
-    fit = stanvi.fit(str(path), method="trustvi", family=family, seed=0, progress=False,
+    fit = stanvi.fit(str(REJECT_HALF), method="trustvi", family=family, seed=0, progress=False,
                      draws=10)
     assert fit.status == "failed", fit.message
     assert "x[1] must be <= 0" in fit.message

@@ -97,7 +97,6 @@ def test_unknown_setting_is_rejected(gaussian):
 
 
 def test_failed_initialization_raises_stans_message():
-    code = ("// stanvi reference-NUTS test: every point is rejected\n"
-            "parameters {\n  real x;\n}\nmodel {\n  reject(\"always rejects\");\n}\n")
+    rejects = MODELS.parent / "tests" / "models" / "always_rejects.stan"  # every point
     with pytest.raises(StanviError, match="(?s)always rejects.*Initialization failed"):
-        nuts(code, chains=1, num_warmup=10, num_samples=10)
+        nuts(rejects, chains=1, num_warmup=10, num_samples=10)

@@ -6,6 +6,9 @@ model, missing files and a missing C++ compiler.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -254,18 +257,8 @@ def test_infinite_input_fails_cleanly(gaussian):
 
 
 # ---------------------------------------------------------------- zero parameters
-ZERO_PARAMETER_MODEL = """\
-data {
-  real y;
-}
-parameters {
-}
-model {
-}
-generated quantities {
-  real y2 = 2 * y;
-}
-"""
+# data { real y; } parameters { } model { } generated quantities { real y2 = 2 * y; }
+ZERO_PARAMETER_MODEL = Path(__file__).resolve().parents[1] / "models" / "zero_parameters.stan"
 
 
 def test_zero_parameter_model():
@@ -349,6 +342,37 @@ def test_broken_compiler_is_toolchain_error(fresh_toolchain_lookup):
     fresh_toolchain_lookup.setenv("CXX", "false")        # exists, but fails to run --version
     with pytest.raises(stanvi.ToolchainError):
         toolchain.find_toolchain()
+
+
+def test_opt_level_is_in_the_flags_and_the_cache_key(all_compiled, monkeypatch):
+    """$STANVI_OPT_LEVEL (the suite's -O1, tests/conftest.py) replaces -O3 in every build's
+    flags and gives those builds their own fingerprint, so their own cache directory: a test
+    build is never served to a user's fit.  Unset, flags and fingerprint are the -O3 ones every
+    existing cache was built with.  (After the background compiles: none of them may see the
+    variable change.)"""
+    tc = toolchain.find_toolchain()
+    monkeypatch.delenv(toolchain.OPT_LEVEL_ENV, raising=False)
+    assert toolchain.opt_level() == "-O3"
+    before = hashlib.sha256()   # the fingerprint as computed before the setting existed
+    for part in (tc.stanc_version, tc.cxx_version, str(tc.include_dir),
+                 " ".join(toolchain.BASE_FLAGS)):
+        before.update(part.encode() + b"\0")
+    assert tc.fingerprint == before.hexdigest()[:16]
+    prints = {tc.fingerprint}
+    for value, level in (("-O1", "-O1"), ("O2", "-O2"), (" -O0 ", "-O0"), ("-O3", "-O3")):
+        monkeypatch.setenv(toolchain.OPT_LEVEL_ENV, value)
+        assert toolchain.opt_level() == level
+        for exact in (True, False):
+            flags = tc.compile_flags(exact)
+            assert [f for f in flags if f.startswith("-O")] == [level]
+            assert len(flags) == len(toolchain.BASE_FLAGS) + 1 + exact
+        prints.add(tc.fingerprint)
+    assert len(prints) == 4
+    monkeypatch.setenv(toolchain.OPT_LEVEL_ENV, "-O7")
+    with pytest.raises(stanvi.ToolchainError, match="STANVI_OPT_LEVEL='-O7'.*-O1"):
+        tc.fingerprint  # noqa: B018
+    with pytest.raises(stanvi.ToolchainError, match="STANVI_OPT_LEVEL"):
+        tc.compile_flags(True)
 
 
 def test_toolchain_found_normally(all_compiled):
