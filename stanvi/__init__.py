@@ -11,9 +11,9 @@ from stanvi.jax_config import configure as _configure_jax
 
 _configure_jax()
 
-from stanvi.errors import (DivergedError, ModelEvaluationError, NotConvergedError,
-                           NotConvergedWarning, StanCompileError, StanDataError, StanviError,
-                           StanviWarning, ToolchainError, VIError)
+from stanvi.errors import (DivergedError, MissingExtraError, ModelEvaluationError,
+                           NotConvergedError, NotConvergedWarning, StanCompileError,
+                           StanDataError, StanviError, StanviWarning, ToolchainError, VIError)
 from stanvi.stan.compiler import CompiledModel, compile_model
 from stanvi.stan.data import DataLike
 from stanvi.targets import JaxTarget, StanTarget
@@ -64,7 +64,8 @@ load = load_model
 from stanvi.saved import SavedFit, read  # noqa: E402
 
 
-__all__ = ["CompiledModel", "DivergedError", "Fit", "fit", "JaxTarget", "ModelEvaluationError",
+__all__ = ["CompiledModel", "DivergedError", "Fit", "fit", "JaxTarget", "MissingExtraError",
+           "ModelEvaluationError",
            "NotConvergedError", "NotConvergedWarning", "StanCompileError", "StanDataError",
            "SavedFit", "StanTarget", "StanviError", "StanviWarning", "ToolchainError", "VIError",
            "compile", "load", "load_model", "read", "__version__"]

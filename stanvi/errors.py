@@ -107,6 +107,25 @@ class OutputError(StanviError):
         self.failed = dict(failed)
 
 
+class MissingExtraError(StanviError, ImportError):
+    """A part of stanvi that needs an optional dependency was used without it: the message names
+    the extra that installs it (``pip install 'stanvi[batch]'``, docs/quickstart.md#extras)."""
+
+
+def require_extra(module: str, extra: str, purpose: str) -> None:
+    """Raise :class:`MissingExtraError` unless ``module`` can be imported; ``purpose`` says what
+    needs it ("stanvi batch runs its tasks on Dask")."""
+    import importlib.util  # noqa: PLC0415
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):   # a parent package missing, or a module set to None
+        found = False
+    if not found:
+        raise MissingExtraError(f"{purpose}, and the {module!r} package is not installed: "
+                                f"pip install 'stanvi[{extra}]' (or pip install {module})")
+
+
 class StanviWarning(UserWarning):
     """Base class of the warnings stanvi issues (filter them with
     ``warnings.filterwarnings("ignore", category=stanvi.StanviWarning)``)."""

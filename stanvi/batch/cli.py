@@ -89,8 +89,10 @@ def cases_from_source(source: str | Path, *, glob: str | None = None, exclude: s
 
 
 def _cmd_batch(args: argparse.Namespace) -> int:
-    from stanvi.batch.runner import BatchConfig, check_config, run_batch  # noqa: PLC0415
+    from stanvi.batch.runner import (BatchConfig, check_config, require_dask,  # noqa: PLC0415
+                                     run_batch)
 
+    require_dask()   # before the models are read: the batch cannot run without it
     methods = (() if args.methods.strip().lower() in ("", "none")
                else parse_methods(args.methods, args.profile))
     families = tuple(f.strip() for f in args.family.split(",") if f.strip())

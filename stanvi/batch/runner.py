@@ -31,6 +31,7 @@ from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
 from stanvi.batch.tasks import (FitSpec, compile_record_usable, compile_task, fit_identity,
                                 fit_task, reference_task, write_record)
+from stanvi.errors import require_extra
 from stanvi.progress import TaskProgress
 
 __all__ = ["BatchConfig", "check_config", "plan", "run_batch", "OK_STATUSES"]
@@ -145,6 +146,7 @@ def _cases_to_prepare(cases: Sequence[ModelCase], todo: list, config: BatchConfi
 
 
 def _client(scheduler: str | None, workers: int | None):
+    require_dask()
     from distributed import Client, LocalCluster  # noqa: PLC0415
 
     if scheduler:
@@ -159,6 +161,12 @@ def _client(scheduler: str | None, workers: int | None):
     return Client(cluster), cluster
 
 
+def require_dask() -> None:
+    """Raise :class:`~stanvi.errors.MissingExtraError` naming the ``batch`` extra when Dask's
+    ``distributed`` is not installed (a single fit does not need it)."""
+    require_extra("distributed", "batch", "stanvi batch runs its tasks on Dask")
+
+
 #: Seconds to wait for a Dask scheduler given by address.
 SCHEDULER_TIMEOUT = 10.0
 
@@ -168,6 +176,7 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
               progress: bool = True, client=None) -> dict[str, int]:
     """Run the batch; returns counts of fit records by status (this run's and earlier ones').
     Every finished task's record is in ``runs_dir`` (:class:`~stanvi.batch.store.RunStore`)."""
+    require_dask()
     from distributed import as_completed  # noqa: PLC0415
 
     check_config(config)

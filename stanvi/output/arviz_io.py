@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from stanvi.errors import require_extra
 from stanvi.output.arviz_attrs import attr_value, fit_attrs, trace_columns
 
 SAMPLE_DIMS = ("chain", "draw")
@@ -339,8 +340,19 @@ def log_g(fit) -> np.ndarray:
     return np.asarray(fit.log_q, dtype=float) + fit.family.log_g_offset(np.asarray(fit.params))
 
 
+def require_netcdf(purpose: str = "writing a fit's .nc file (its ArviZ DataTree)") -> None:
+    """Raise :class:`~stanvi.errors.MissingExtraError` naming the ``netcdf`` extra when neither
+    netCDF4 nor h5netcdf is installed: xarray writes and reads a DataTree's groups with one of
+    them (a fit itself needs neither, docs/quickstart.md#extras)."""
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("h5netcdf") is None:
+        require_extra("netCDF4", "netcdf", purpose)
+
+
 def save_netcdf(tree, path) -> Path:
     """Write a DataTree to a NetCDF file (any existing file is replaced)."""
+    require_netcdf()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
@@ -377,6 +389,8 @@ def load_datatree(path):
         raise ValueError(f"{path} is empty (0 bytes): not a saved fit; was its writing "
                          f"interrupted?")
     kwargs = {"engine": "zarr"} if path.is_dir() else {}
+    if not path.is_dir():
+        require_netcdf(f"reading {path.name} (a fit's ArviZ DataTree)")
     try:
         with open_datatree(path, **kwargs) as tree:
             return tree.load()

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from stanvi.output.arviz_attrs import jsonable
-from stanvi.output.arviz_io import log_g, mean_row, require_zarr, save_netcdf, save_zarr
+from stanvi.output.arviz_io import (log_g, mean_row, require_netcdf, require_zarr, save_netcdf,
+                                    save_zarr)
 from stanvi.errors import OutputError
 from stanvi.stan.names import element_labels
 
@@ -290,9 +291,12 @@ def _can_create_file(directory: Path) -> bool:
 def check_writable(directory, base: str, *, zarr: bool = False, overwrite: bool = False) -> None:
     """Raise before any work is done when :func:`save` could not write: ``directory`` is a file
     or not writable (FileExistsError / PermissionError), ``zarr`` is asked for and not installed
-    (ImportError), or (without ``overwrite``) one of the files exists (FileExistsError naming it)."""
+    (ImportError), NetCDF's package is not installed (:class:`~stanvi.errors.MissingExtraError`
+    naming the ``netcdf`` extra), or (without ``overwrite``) one of the files exists
+    (FileExistsError naming it)."""
     if zarr:
         require_zarr()
+    require_netcdf()
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise FileExistsError(f"output directory {directory} is an existing file; give a "
