@@ -218,7 +218,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     tree_kwargs = {"log_likelihood": _group_spec(args.log_likelihood),
                    "posterior_predictive": _group_spec(args.posterior_predictive)}
     paths = fit.save(out_dir, basename=base, zarr=args.zarr, data_file=args.data,
-                     tree_kwargs=tree_kwargs, overwrite=args.overwrite)
+                     tree_kwargs=tree_kwargs, overwrite=args.overwrite,
+                     cmdstan_compatible=args.cmdstan_compatible)
 
     import pandas as pd  # noqa: PLC0415
 
@@ -315,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "reported before the fit starts)")
     p.add_argument("--zarr", action="store_true",
                    help="also write the DataTree as a Zarr store (needs the zarr package)")
+    p.add_argument("--cmdstan-compatible", action="store_true",
+                   help="write every CmdStan variational setting cmdstanpy.from_csv requires in "
+                        "the CSV header, defaults for those the method has none of (default: "
+                        "only the true ones; ADVI's are all true)")
     p.add_argument("--log-likelihood", action="append", metavar="[OBS=]GQ",
                    help="move generated quantity GQ to the log_likelihood group (named OBS), "
                         "e.g. --log-likelihood y=log_lik (repeatable)")

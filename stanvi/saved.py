@@ -124,7 +124,8 @@ def _netcdf_path(path: Path) -> Path:
             return nc
         raise FileNotFoundError(f"{path} is a Stan CSV; stanvi.read needs the DataTree written "
                                 f"beside it ({nc.name}), which holds the trace and parameters "
-                                f"(cmdstanpy.from_csv reads the CSV alone)")
+                                f"(stanio.read_csv reads the CSV alone; cmdstanpy.from_csv an "
+                                f"ADVI fit's, or one saved with cmdstan_compatible=True)")
     if path.is_dir():
         found = sorted(path.glob("*.nc"))
         if len(found) == 1:

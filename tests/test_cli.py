@@ -231,6 +231,21 @@ def test_fit_with_the_mixture_family_and_its_options(tmp_path, capsys):
     assert "it takes none" in capsys.readouterr().err
 
 
+def test_cmdstan_compatible_csv_is_read_by_cmdstanpy(bernoulli_compiled, tmp_path):
+    """A TrustVI fit's CSV states only true settings; --cmdstan-compatible adds the ones
+    cmdstanpy.from_csv requires, and cmdstanpy then reads the draws."""
+    import cmdstanpy  # noqa: PLC0415
+    from stanvi.cli import main  # noqa: PLC0415
+
+    base = ["fit", str(stan_file("bernoulli")), "--data", str(data_file("bernoulli")), "--quiet",
+            "--output", str(tmp_path), "--draws", "50"]
+    assert main([*base, "--name", "plain"]) == 0
+    assert main([*base, "--name", "compat", "--cmdstan-compatible"]) == 0
+    assert "grad_samples" not in (tmp_path / "plain.csv").read_text()
+    vb = cmdstanpy.from_csv(str(tmp_path / "compat.csv"))
+    assert vb.stan_variable("theta", mean=False).shape == (50,)
+
+
 def test_no_data_at_all_says_data_are_missing(bernoulli_compiled):
     proc = run_cli("fit", stan_file("bernoulli"), "--quiet")
     assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0

@@ -4,26 +4,31 @@ when ``zarr`` is installed), and :func:`save`, which writes both plus the summar
 
 Stan CSV layout:
 
-* ``#`` comment lines with the configuration exactly as CmdStan's ``variational`` method writes
-  them (``model``, ``method = variational``, ``algorithm``, ``iter``, ``grad_samples``,
+* ``#`` comment lines with the configuration as CmdStan's ``variational`` method writes them
+  (``model``, ``method = variational``, ``algorithm``, ``iter``, ``grad_samples``,
   ``elbo_samples``, ``eta``, ``adapt``, ``tol_rel_obj``, ``eval_elbo``, ``output_samples``, the
-  data file, the seed; :func:`cmdstan_variational_config` says where the values come from for
-  methods other than ADVI), then stanvi's own settings under ``stanvi_`` keys (its version,
+  data file, the seed), each only where it is true of the fit: every key for ADVI, ``algorithm``
+  (the family), ``iter`` (the iteration limit) and ``output_samples`` for the other methods,
+  unless ``cmdstan_compatible`` asks for every key cmdstanpy requires
+  (:func:`cmdstan_variational_config`); then stanvi's own settings under ``stanvi_`` keys (its version,
   method, family, profile and every option as ``stanvi_option_NAME``) so that a reader taking
   the ``key = value`` lines as one flat dictionary, as cmdstanpy does, sees CmdStan's values;
 * the header row: ``lp__,log_p__,log_g__`` then every constrained parameter, transformed
   parameter and generated quantity element, named as CmdStan names them (``theta.1``,
   ``Sigma.2.1``; column-major, first index fastest);
-* CmdStan's ``# Stepsize adaptation complete.`` / ``# eta = ...`` block;
+* CmdStan's ``# Stepsize adaptation complete.`` / ``# eta = ...`` block (ADVI's η; for another
+  method only with ``cmdstan_compatible``);
 * row 0: the mean of the approximation pushed through the constraining transform (generated
   quantities included), with ``lp__ = log_p__ = log_g__ = 0``;
 * then one row per draw: ``lp__ = 0``, ``log_p__`` = log p(z) (Jacobian included),
   ``log_g__`` = −½‖ε‖² (Stan drops the constants; log q = log_g__ − H(q) + D/2);
 * trailing ``# stanvi_...`` comments: the stopping status, oracle counts, times and Pareto k-hat.
 
-``cmdstanpy.from_csv`` reads it as a ``CmdStanVB`` (``variational_params_dict`` is row 0,
-``stan_variable`` and ``variational_sample_pd`` the draws), as do ``stanio.read_csv`` and
-``arviz_base.from_cmdstanpy``; the draws are rows 1..S.
+``cmdstanpy.from_csv`` reads an ADVI fit's file, and any fit's written with
+``cmdstan_compatible=True``, as a ``CmdStanVB`` (``variational_params_dict`` is row 0,
+``stan_variable`` and ``variational_sample_pd`` the draws); it refuses the others, whose header
+lacks the ADVI settings it requires (docs/algorithms.md#output-format).  ``stanio.read_csv``
+reads every file; the draws are rows 1..S.
 """
 
 from __future__ import annotations
@@ -81,26 +86,38 @@ _CMDSTAN_COUNTERPARTS = {"iter": ("max_iterations", "max_iters"),
                          "eval_elbo": ("eval_elbo", "elbo_every")}
 
 
-def cmdstan_variational_config(fit) -> dict[str, Any]:
-    """CmdStan's ``variational`` configuration keys for a fit: ADVI's own values; for the other
-    methods the option that plays the same part (``max_iters`` for ``iter``, ``n_grad`` for
-    ``grad_samples``) or else CmdStan's default, so that readers of CmdStan output (cmdstanpy's
-    ``from_csv``, which checks them) accept the file.  ``eta`` is ADVI's adapted step-size
-    scale; the other methods adapt none and write CmdStan's default 1.  stanvi's own settings
-    are in the ``stanvi_*`` keys."""
+def cmdstan_variational_config(fit, cmdstan_compatible: bool = False) -> dict[str, Any]:
+    """CmdStan's ``variational`` configuration keys that are true of a fit: for ADVI all of
+    them (its own values, ``eta`` its adapted step-size scale); for another method only
+    ``algorithm`` (its family, when mean-field or full-rank) and ``iter`` (its iteration
+    limit), since it has no gradient draws, ELBO draws, step size or relative tolerance in
+    ADVI's sense (its own settings are the ``stanvi_option_*`` keys).
+
+    With ``cmdstan_compatible`` every key cmdstanpy's ``from_csv`` requires is given: the
+    option that plays a similar part (``n_grad`` for ``grad_samples``), else CmdStan's default
+    (``eta`` 1, the mean-field ``algorithm`` for a mixture) — values the method did not use,
+    written only so that readers of CmdStan output accept the file."""
     opts = jsonable(fit.options)
     opts = opts if isinstance(opts, dict) else {}
+    advi = fit.method == "advi"
     config: dict[str, Any] = {}
+    if fit.family_name in ("meanfield", "fullrank") or cmdstan_compatible:
+        config["algorithm"] = (fit.family_name if fit.family_name in ("meanfield", "fullrank")
+                               else "meanfield")
     for key, names in _CMDSTAN_COUNTERPARTS.items():
+        if not (advi or cmdstan_compatible or key == "iter"):
+            continue
         value = next((opts[n] for n in names if isinstance(opts.get(n), (int, float))
                       and not isinstance(opts.get(n), bool) and opts[n] > 0), None)
-        config[key] = CMDSTAN_VARIATIONAL_DEFAULTS[key] if value is None else value
-    eta = fit.info.get("eta") if fit.method == "advi" else None
-    if eta is None and fit.method == "advi":
-        eta = opts.get("eta")
-    config["eta"] = float(eta) if isinstance(eta, (int, float)) and eta > 0 else 1.0
-    config["adapt_engaged"] = int(bool(opts.get("adapt_engaged", False))) if fit.method == "advi" else 0
-    config["adapt_iter"] = opts.get("adapt_iter", CMDSTAN_VARIATIONAL_DEFAULTS["adapt_iter"])
+        if value is not None or cmdstan_compatible or advi:
+            config[key] = CMDSTAN_VARIATIONAL_DEFAULTS[key] if value is None else value
+    if advi or cmdstan_compatible:
+        eta = fit.info.get("eta") if advi else None
+        if eta is None and advi:
+            eta = opts.get("eta")
+        config["eta"] = float(eta) if isinstance(eta, (int, float)) and eta > 0 else 1.0
+        config["adapt_engaged"] = int(bool(opts.get("adapt_engaged", False))) if advi else 0
+        config["adapt_iter"] = opts.get("adapt_iter", CMDSTAN_VARIATIONAL_DEFAULTS["adapt_iter"])
     return config
 
 
@@ -110,7 +127,8 @@ def data_source(fit) -> str:
     return str(fit.info.get("data_source", "") or "")
 
 
-def _header_lines(fit, data_file: str | None, output_file: str | None) -> list[str]:
+def _header_lines(fit, data_file: str | None, output_file: str | None,
+                  cmdstan_compatible: bool = False) -> list[str]:
     """The configuration comments, as CmdStan's ``variational`` method writes them (the keys
     cmdstanpy's ``from_csv`` reads), then stanvi's own settings under ``stanvi_`` keys (so
     that a flat reading of ``key = value`` lines never confuses the two)."""
@@ -118,26 +136,22 @@ def _header_lines(fit, data_file: str | None, output_file: str | None) -> list[s
 
     model = str(getattr(fit.target, "name", "model"))
     n = int(np.shape(fit.log_p)[0])
-    cfg = cmdstan_variational_config(fit)
-    algorithm = fit.family_name if fit.family_name in ("meanfield", "fullrank") else "meanfield"
-    lines = [
-        f"model = {model}_model",
-        "method = variational",
-        "  variational",
-        f"    algorithm = {algorithm}",
-        f"      {algorithm}",
-        f"    iter = {cfg['iter']}",
-        f"    grad_samples = {cfg['grad_samples']}",
-        f"    elbo_samples = {cfg['elbo_samples']}",
-        f"    eta = {_fmt(cfg['eta'], None)}",
-        "    adapt",
-        f"      engaged = {cfg['adapt_engaged']}",
-    ]
-    if cfg["adapt_engaged"]:   # CmdStan writes the adaptation's iter under adapt
-        lines.append(f"      iter = {cfg['adapt_iter']}")
+    cfg = cmdstan_variational_config(fit, cmdstan_compatible)
+    lines = [f"model = {model}_model", "method = variational", "  variational"]
+    if "algorithm" in cfg:
+        lines += [f"    algorithm = {cfg['algorithm']}", f"      {cfg['algorithm']}"]
+    lines += [f"    {key} = {cfg[key]}" for key in ("iter", "grad_samples", "elbo_samples")
+              if key in cfg]
+    if "eta" in cfg:
+        lines += [f"    eta = {_fmt(cfg['eta'], None)}", "    adapt",
+                  f"      engaged = {cfg['adapt_engaged']}"]
+        if cfg["adapt_engaged"]:   # CmdStan writes the adaptation's iter under adapt
+            lines.append(f"      iter = {cfg['adapt_iter']}")
+    if "tol_rel_obj" in cfg:
+        lines.append(f"    tol_rel_obj = {_fmt(float(cfg['tol_rel_obj']), None)}")
+    if "eval_elbo" in cfg:
+        lines.append(f"    eval_elbo = {cfg['eval_elbo']}")
     lines += [
-        f"    tol_rel_obj = {_fmt(float(cfg['tol_rel_obj']), None)}",
-        f"    eval_elbo = {cfg['eval_elbo']}",
         f"    output_samples = {n}",
         "id = 1",
         "data",
@@ -158,12 +172,13 @@ def _header_lines(fit, data_file: str | None, output_file: str | None) -> list[s
     return lines
 
 
-def header_config(fit, data_file: str | None = None) -> dict[str, Any]:
+def header_config(fit, data_file: str | None = None,
+                  cmdstan_compatible: bool = False) -> dict[str, Any]:
     """The configuration the CSV's header states, as one flat dictionary of ``key = value``
     lines with numbers parsed, the way cmdstanpy's ``from_csv`` reads it
     (:attr:`~stanvi.output.cmdstanpy_accessors.CmdStanPyAccessors.metadata`)."""
     config: dict[str, Any] = {}
-    for line in _header_lines(fit, data_file, None):
+    for line in _header_lines(fit, data_file, None, cmdstan_compatible):
         key, sep, value = line.strip().partition(" = ")
         if not sep:
             continue
@@ -178,12 +193,16 @@ def header_config(fit, data_file: str | None = None) -> dict[str, Any]:
     return config
 
 
-def _adaptation_lines(fit) -> list[str]:
-    """CmdStan's block after the header row (cmdstanpy reads ``eta`` from it)."""
-    eta = cmdstan_variational_config(fit)["eta"]
-    lines = ["Stepsize adaptation complete.", f"eta = {_fmt(eta, None)}"]
+def _adaptation_lines(fit, cmdstan_compatible: bool = False) -> list[str]:
+    """CmdStan's block after the header row (cmdstanpy reads ``eta`` from it): ADVI's adapted
+    η; none for another method, which adapts no step size, unless ``cmdstan_compatible``."""
+    config = cmdstan_variational_config(fit, cmdstan_compatible)
+    if "eta" not in config:
+        return []
+    lines = ["Stepsize adaptation complete.", f"eta = {_fmt(config['eta'], None)}"]
     if fit.method != "advi":
-        lines.append(f"({fit.method} adapts no step size: eta is CmdStan's default)")
+        lines.append(f"({fit.method} adapts no step size: eta is CmdStan's default, written "
+                     "for cmdstanpy)")
     return lines
 
 
@@ -205,7 +224,8 @@ def _footer_lines(fit, diagnostics) -> list[str]:
     return lines
 
 
-def write_csv(fit, path, *, sig_figs: int | None = None, data_file: str | None = None) -> Path:
+def write_csv(fit, path, *, sig_figs: int | None = None, data_file: str | None = None,
+              cmdstan_compatible: bool = False) -> Path:
     """Write the fit as a Stan CSV file (layout: module docstring).
 
     Args:
@@ -214,6 +234,9 @@ def write_csv(fit, path, *, sig_figs: int | None = None, data_file: str | None =
         sig_figs: significant figures (default: every digit needed to read the value back).
         data_file: recorded in the header's ``data file = ...`` line (default: the data
             file the fit was given, see :func:`data_source`).
+        cmdstan_compatible: write every CmdStan ``variational`` key cmdstanpy's ``from_csv``
+            requires, those the method has no counterpart of included
+            (:func:`cmdstan_variational_config`); by default only the true ones.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,10 +259,10 @@ def write_csv(fit, path, *, sig_figs: int | None = None, data_file: str | None =
         except Exception:  # noqa: BLE001
             diag = None
     with path.open("w") as fh:
-        for line in _header_lines(fit, data_file, path.name):
+        for line in _header_lines(fit, data_file, path.name, cmdstan_compatible):
             fh.write(f"# {line}\n")
         fh.write(",".join(columns) + "\n")
-        for line in _adaptation_lines(fit):
+        for line in _adaptation_lines(fit, cmdstan_compatible):
             fh.write(f"# {line}\n")
         for row in body.tolist():
             fh.write(",".join(_fmt(x, sig_figs) for x in row) + "\n")
@@ -317,7 +340,7 @@ def check_writable(directory, base: str, *, zarr: bool = False, overwrite: bool 
 
 def save(fit, directory, *, basename: str | None = None, zarr: bool = False,
          data_file: str | None = None, tree_kwargs: dict[str, Any] | None = None,
-         overwrite: bool = False) -> dict[str, Path]:
+         overwrite: bool = False, cmdstan_compatible: bool = False) -> dict[str, Path]:
     """Write a fit to ``directory``: ``<name>.csv`` (Stan CSV), ``<name>.nc`` (the ArviZ DataTree
     as NetCDF, which :func:`stanvi.read` reads back), ``<name>.zarr`` when ``zarr=True`` (needs
     the zarr package), ``<name>_summary.csv`` (the summary table) and
@@ -329,6 +352,7 @@ def save(fit, directory, *, basename: str | None = None, zarr: bool = False,
         tree_kwargs: options of :func:`stanvi.output.arviz_io.to_datatree`.
         overwrite: replace existing files; by default an existing file is an error
             (FileExistsError), raised before anything is written.
+        cmdstan_compatible: the CSV's header for cmdstanpy (:func:`write_csv`).
     """
     directory = Path(directory)
     base = basename or default_basename(fit)
@@ -336,7 +360,8 @@ def save(fit, directory, *, basename: str | None = None, zarr: bool = False,
     tree = fit.to_arviz(**(tree_kwargs or {}))  # first: it validates tree_kwargs
     directory.mkdir(parents=True, exist_ok=True)
     paths = output_paths(directory, base, zarr=zarr)
-    writers = {"csv": lambda p: write_csv(fit, p, data_file=data_file),
+    writers = {"csv": lambda p: write_csv(fit, p, data_file=data_file,
+                                          cmdstan_compatible=cmdstan_compatible),
                "netcdf": lambda p: save_netcdf(tree, p),
                "zarr": lambda p: save_zarr(tree, p),
                "summary": lambda p: fit.summary().to_csv(p),

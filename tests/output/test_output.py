@@ -46,7 +46,7 @@ def test_stan_csv_layout(fit, tmp_path):
     # stanvi's keys never shadow CmdStan's: no second 'method', trustvi's eta is prefixed
     assert sum(line.strip("# ").startswith("method = ") for line in lines) == 1
     assert "#   stanvi_option_eta = 0.25" in comments
-    assert lines[header_at + 1:header_at + 3] == ["# Stepsize adaptation complete.", "# eta = 1"]
+    assert not lines[header_at + 1].startswith("#")   # no step size: no adaptation block
     assert any(line.startswith("# stanvi_pareto_k = ") for line in lines[header_at:])
     assert any(line.startswith("# stanvi_status = ") for line in lines[header_at:])
 
@@ -141,10 +141,45 @@ def _cmdstanpy_reads(fit, path):
     return vb
 
 
-def test_cmdstanpy_reads_the_csv(fit, tmp_path):
-    """cmdstanpy.from_csv gives a CmdStanVB whose mean, draws and sample equal the fit's, and
-    whose configuration is CmdStan's (trustvi's own eta is stanvi_option_eta)."""
-    vb = _cmdstanpy_reads(fit, write_csv(fit, tmp_path / "fit.csv", data_file="d.json"))
+ADVI_ONLY_KEYS = ("grad_samples", "elbo_samples", "eta", "tol_rel_obj", "eval_elbo", "engaged")
+
+
+def _header(path) -> dict[str, str]:
+    """The CSV's ``# key = value`` comment lines before the header row."""
+    config = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        key, sep, value = line[1:].strip().partition(" = ")
+        if sep:
+            config[key] = value
+    return config
+
+
+def test_trustvi_csv_header_states_only_what_is_true(fit, tmp_path):
+    """A TrustVI fit has no ADVI gradient draws, ELBO draws, step size or tolerance: the header
+    gives the family, the iteration limit and the draws, stanvi's own options apart, and no
+    step-size block; cmdstanpy, which requires ADVI's keys, refuses such a file."""
+    import cmdstanpy  # noqa: PLC0415
+
+    path = write_csv(fit, tmp_path / "fit.csv")
+    config = _header(path)
+    assert config["algorithm"] == "meanfield" and int(config["iter"]) == fit.options.max_iters
+    assert int(config["output_samples"]) == 300
+    assert not set(ADVI_ONLY_KEYS) & set(config), config
+    assert float(config["stanvi_option_eta"]) == fit.options.eta
+    assert "Stepsize adaptation" not in path.read_text()
+    assert not set(ADVI_ONLY_KEYS) & set(fit.metadata.cmdstan_config)
+    with pytest.raises(KeyError):
+        cmdstanpy.from_csv(str(path))
+
+
+def test_cmdstanpy_reads_the_csv_written_cmdstan_compatible(fit, tmp_path):
+    """With cmdstan_compatible, cmdstanpy.from_csv gives a CmdStanVB whose mean, draws and
+    sample equal the fit's; the keys TrustVI has no counterpart of carry CmdStan's defaults or
+    the nearest option (trustvi's own eta is stanvi_option_eta)."""
+    vb = _cmdstanpy_reads(fit, write_csv(fit, tmp_path / "fit.csv", data_file="d.json",
+                                         cmdstan_compatible=True))
     config = vb.metadata.cmdstan_config
     assert vb.eta == 1.0 and config["algorithm"] == "meanfield"
     assert config["iter"] == fit.options.max_iters and config["grad_samples"] == fit.options.n_grad
@@ -158,7 +193,9 @@ def test_cmdstanpy_reads_an_advi_fit_with_its_adapted_eta(compiled, tmp_path):
         fit = stanvi.fit(compiled("bernoulli"), data_file("bernoulli"), method="advi",
                          family="fullrank", seed=2, draws=200, progress=False,
                          max_iterations=300)
-    vb = _cmdstanpy_reads(fit, fit.save(tmp_path)["csv"])
+    path = fit.save(tmp_path)["csv"]   # ADVI's header is CmdStan's whole: no option needed
+    assert set(ADVI_ONLY_KEYS) <= set(_header(path))
+    vb = _cmdstanpy_reads(fit, path)
     config = vb.metadata.cmdstan_config
     assert vb.eta == fit.info["eta"] and config["algorithm"] == "fullrank"
     assert config["grad_samples"] == 1 and config["elbo_samples"] == 100
@@ -230,7 +267,7 @@ def test_cmdstanpy_style_accessors_agree_with_cmdstanpy(fit, tmp_path):
     """draws_pd, variational_params_dict and create_inits as cmdstanpy users know them."""
     import cmdstanpy  # noqa: PLC0415
 
-    vb = cmdstanpy.from_csv(str(write_csv(fit, tmp_path / "fit.csv")))
+    vb = cmdstanpy.from_csv(str(write_csv(fit, tmp_path / "fit.csv", cmdstan_compatible=True)))
     assert fit.variational_params_dict == dict(vb.variational_params_dict)
     frame = fit.draws_pd()
     sample = vb.variational_sample_pd
@@ -259,7 +296,7 @@ def test_every_cmdstanvb_accessor_equals_cmdstanpys_reading_of_the_csv(fit, tmp_
     full precision)."""
     import cmdstanpy  # noqa: PLC0415
 
-    vb = cmdstanpy.from_csv(str(write_csv(fit, tmp_path / "fit.csv")))
+    vb = cmdstanpy.from_csv(str(write_csv(fit, tmp_path / "fit.csv", cmdstan_compatible=True)))
     assert fit.column_names == tuple(vb.column_names)
     np.testing.assert_allclose(fit.variational_sample, vb.variational_sample, rtol=1e-15,
                                atol=1e-12)
