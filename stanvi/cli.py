@@ -181,6 +181,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
     from stanvi.fit import check_seed  # noqa: PLC0415
     from stanvi.fit import fit as stanvi_fit  # noqa: PLC0415
+    from stanvi.methods import STAN_METHODS  # noqa: PLC0415
+    from stanvi.reference.cli import cmd_fit_stan  # noqa: PLC0415
     from stanvi.log import get_logger  # noqa: PLC0415
     from stanvi.output.writers import check_writable  # noqa: PLC0415
 
@@ -191,6 +193,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"data file not found: {args.data}")
     check_seed(args.seed)
     init = _init_value(args.init)
+    if args.method in STAN_METHODS:
+        return cmd_fit_stan(args, init)
     out_dir = Path(args.output)
     base = args.name or _default_name(model, args)
     check_writable(out_dir, base, zarr=args.zarr, overwrite=args.overwrite)  # before the fit
@@ -242,6 +246,12 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 
+def _cmd_build_services(args: argparse.Namespace) -> int:
+    from stanvi.reference.cli import cmd_build_services  # noqa: PLC0415
+
+    return cmd_build_services(args)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``stanvi fit: error: ...`` (and a pointer to --help)."""
 
@@ -250,7 +260,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from stanvi.methods import available  # noqa: PLC0415
+    from stanvi.methods import STAN_METHODS, available  # noqa: PLC0415
 
     parser = _Parser(prog="stanvi", description="Fast variational inference for Stan models.")
     parser.add_argument("--debug", action="store_true",
@@ -279,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "of a compiled model library")
     p.add_argument("--data", default=None,
                    help="data as a Stan JSON file (needed when the model has a data block)")
-    p.add_argument("--method", default="trustvi", choices=available(),
-                   help="variational method (default: trustvi)")
+    p.add_argument("--method", default="trustvi", choices=[*available(), *STAN_METHODS],
+                   help="variational method (default: trustvi), or Stan's own nuts, pathfinder "
+                        "or stan-advi (--option NAME=VALUE under Stan's names)")
     p.add_argument("--family", default="meanfield", choices=["meanfield", "fullrank", "mixture"],
                    help="variational family (default: meanfield); 'mixture' (a Gaussian mixture, "
                         "methods advi and mlmcvi; docs/discrete.md)")
@@ -334,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the full traceback on errors")
     p.set_defaults(func=_cmd_fit)
+
+    p = sub.add_parser("build-services",
+                       help="build Stan's services (NUTS, ADVI, Pathfinder) once, ahead of use")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_cmd_build_services)
 
     add_bench_parser(sub)
     add_batch_parser(sub)

@@ -23,7 +23,7 @@ from stanvi.fit_inputs import (ModelLike, check_arguments, check_init, check_mem
                                single_gaussian_mixture)
 from stanvi.families import make_family
 from stanvi.fit_result import Fit, FitTrace
-from stanvi.methods import GP_METHODS, get_method, make_options
+from stanvi.methods import GP_METHODS, STAN_METHODS, get_method, make_options
 from stanvi.methods.base import MethodResult, RunContext, purpose_key
 from stanvi.methods.blas_threads import blas_limited
 from stanvi.progress import IterationProgress
@@ -46,7 +46,10 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
         data: the Stan data (dict, JSON path or JSON string).
         method: 'trustvi' (default), 'advi', 'hfsgvi', 'jointcv' or 'mlmcvi' (see
             ``stanvi.methods.available()``); for a ``stanvi.gp`` model 'qsgp', 'exact' or
-            'svi' (docs/gp.md; the result is a ``stanvi.gp.GPFit``).
+            'svi' (docs/gp.md; the result is a ``stanvi.gp.GPFit``); Stan's own 'nuts',
+            'pathfinder' or 'stan-advi' on a Stan model (the result is a
+            :class:`stanvi.reference.ReferenceFit`; their settings under Stan's names,
+            docs/stan_reference.md#through-fit).
         family: 'meanfield' (default), 'fullrank', or 'mixture' (a Gaussian mixture whose
             weights' gradient is Rao-Blackwellized, docs/discrete.md; methods 'advi' and 'mlmcvi',
             the others refuse it with the reason).
@@ -76,6 +79,15 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
     t0 = time.perf_counter()
     check_arguments(draws, max_oracle_calls)
     seed = check_seed(seed)
+    if method in STAN_METHODS:
+        # Stan's own algorithm on the same model: a stanvi.reference.ReferenceFit
+        from stanvi.reference.as_fit import run_stan_method  # noqa: PLC0415
+
+        given = dict(draws=draws, max_oracle_calls=max_oracle_calls, profile=profile, dim=dim,
+                     family_options=family_options, require_converged=require_converged,
+                     hvp_method=hvp_method)
+        return run_stan_method(method, model, data, family=family, seed=seed, init=init,
+                               progress=progress, given=given, **options)
     if method in GP_METHODS or getattr(model, "__stanvi_gp__", False):
         # stanvi.gp models and methods (docs/gp.md); imported only when used
         from stanvi.gp.dispatch import fit_gp  # noqa: PLC0415

@@ -1,5 +1,6 @@
 """The result of one of Stan's own algorithms, with the surface of :class:`stanvi.Fit` where it
-applies: draws by Stan name, ``summary()``, ``to_arviz()``, ``diagnostics()``.
+applies: draws by Stan name, ``summary()``, ``to_arviz()``, ``diagnostics()``, ``save()``
+(``stanvi.fit(..., method="nuts")`` returns one: :mod:`stanvi.reference.as_fit`).
 
 Costs are in the units stanvi reports for its own fits: ``gradient_evaluations`` counts every
 log density evaluated with its gradient (reverse mode), ``density_evaluations`` every log density
@@ -11,6 +12,7 @@ steps).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -79,17 +81,23 @@ class ReferenceFit:
     def _by_chain(self, arr: np.ndarray) -> np.ndarray:
         return arr.reshape(self.chains, arr.shape[0] // self.chains, *arr.shape[1:])
 
-    def summary(self, percentiles: tuple[float, ...] = (5, 50, 95)):
-        """Mean, sd and percentiles per element (as ``Fit.summary``); for NUTS also R-hat
-        (rank-normalized split R-hat) and bulk / tail ESS from arviz-stats, per element."""
+    def summary(self, percentiles: tuple[float, ...] = (5, 50, 95),
+                var_names: str | list[str] | None = None):
+        """Mean, sd and percentiles per element (as ``Fit.summary``, ``var_names`` too); for
+        NUTS also R-hat (rank-normalized split R-hat) and bulk / tail ESS from arviz-stats, per
+        element."""
         from stanvi.output.summary import summary_table  # noqa: PLC0415
 
-        table = summary_table(self.draws, percentiles)
+        draws = self.draws
+        if var_names is not None:
+            names = [var_names] if isinstance(var_names, str) else list(var_names)
+            draws = {name: self.stan_variable(name) for name in names}
+        table = summary_table(draws, percentiles)
         if self.algorithm.startswith("nuts") and self.chains > 1:
             import arviz_stats  # noqa: PLC0415
 
             flat = [self._by_chain(a).reshape(self.chains, -1, int(np.prod(a.shape[1:])),
-                                              order="F") for a in self.draws.values()]
+                                              order="F") for a in draws.values()]
             x = np.concatenate(flat, axis=2)
             table["r_hat"] = arviz_stats.rhat(x, chain_axis=0, draw_axis=1)
             table["ess_bulk"] = arviz_stats.ess(x, chain_axis=0, draw_axis=1, method="bulk")
@@ -117,6 +125,17 @@ class ReferenceFit:
         from stanvi.diagnostics.report import compute  # noqa: PLC0415
 
         return compute(self.log_p, self.log_q, method=self.algorithm)
+
+    def diagnostics_text(self) -> str:
+        """:meth:`diagnostics` for a person: NUTS's as ``name: value`` lines, the variational
+        algorithms' k̂ report, or why multi-path Pathfinder has none."""
+        try:
+            diagnostics = self.diagnostics()
+        except ValueError as exc:   # multi-path Pathfinder: no single proposal density
+            return f"no k-hat: {exc}"
+        if isinstance(diagnostics, dict):
+            return "\n".join(f"{key}: {value}" for key, value in diagnostics.items())
+        return str(diagnostics)
 
     @property
     def has_proposal_density(self) -> bool:
@@ -150,6 +169,40 @@ class ReferenceFit:
         return from_dict({"posterior": {k: self._by_chain(v) for k, v in self.draws.items()},
                           "sample_stats": stats}, dims=dims, coords=coords,
                          attrs={"posterior": attrs})
+
+    def save(self, directory, *, basename: str | None = None,
+             overwrite: bool = False) -> dict[str, Path]:
+        """Write the run to ``directory`` as ``<name>.csv`` (one row per draw, chain after
+        chain: ``chain__``, Stan's columns, then every element under CmdStan's dotted names),
+        ``<name>.nc`` (:meth:`to_arviz`), ``<name>_summary.csv`` and
+        ``<name>_diagnostics.txt``; ``<name>`` defaults to ``MODEL-ALGORITHM-seedSEED``.  An
+        existing file is an error (before anything is written) unless ``overwrite``; so is a
+        missing netCDF4 (the ``netcdf`` extra).  Returns the paths by kind."""
+        import pandas as pd  # noqa: PLC0415
+
+        from stanvi.output.arviz_io import save_netcdf  # noqa: PLC0415
+        from stanvi.output.writers import check_writable, csv_columns, output_paths  # noqa: PLC0415
+
+        directory = Path(directory)
+        base = basename or f"{self.model_name}-{self.algorithm}-seed{self.settings.get('seed', 0)}"
+        check_writable(directory, base, overwrite=overwrite)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = output_paths(directory, base)
+        n = self.num_draws
+        table = {"chain__": np.repeat(np.arange(1, self.chains + 1), n // max(self.chains, 1))}
+        table.update({k: np.asarray(v) for k, v in self.stan_columns.items()})
+        for name, arr in self.draws.items():
+            flat = np.asarray(arr, dtype=float).reshape(n, -1, order="F")
+            table.update(zip(csv_columns({name: arr}), flat.T))
+        with paths["csv"].open("w") as fh:
+            for key, value in {"stanvi_reference": self.algorithm, "model": self.model_name,
+                               **self.settings}.items():
+                fh.write(f"# {key} = {value}\n")
+            pd.DataFrame(table).to_csv(fh, index=False)
+        save_netcdf(self.to_arviz(), paths["netcdf"])
+        self.summary().to_csv(paths["summary"])
+        paths["diagnostics"].write_text(self.diagnostics_text() + "\n")
+        return paths
 
     def __repr__(self) -> str:
         names = ", ".join(self.draws)

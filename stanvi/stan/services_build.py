@@ -33,7 +33,7 @@ from pathlib import Path
 
 from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.progress import StageProgress
-from stanvi.stan.cache import file_sha256, lock_for
+from stanvi.stan.cache import cache_root, file_sha256, lock_for
 from stanvi.stan.compiler import (PCH_HEADER, CompiledModel, atomic_write, flag_set_dir,
                                   glue_object, log_tail, model_object, run_stanc, run_tool)
 from stanvi.stan.toolchain import Toolchain, find_toolchain, glue_fingerprint, library_fingerprint
@@ -73,6 +73,19 @@ def _ensure_services_object(toolchain: Toolchain, tc_dir: Path, flag_dir: Path, 
                 raise ToolchainError(f"compiling Stan's services failed:\n{log_tail(res.stderr)}")
             os.replace(tmp, obj)
     return obj
+
+
+def build_services_ahead(progress: bool = True) -> tuple[Path, bool]:
+    """Build the services object for this installation now (the exact-HVP flag set every model
+    uses but those built with finite differences, such as ODE models, which build theirs on
+    first use), so that no model's first use of NUTS, ADVI or Pathfinder waits for it
+    (``stanvi build-services``); returns its path and whether it was built now."""
+    toolchain = find_toolchain()
+    tc_dir = cache_root() / toolchain.fingerprint
+    with StageProgress("building Stan's services ahead", enabled=progress) as bar:
+        flag_dir = flag_set_dir(toolchain, tc_dir, True, bar)
+        existed = _services_object(flag_dir).exists()
+        return _ensure_services_object(toolchain, tc_dir, flag_dir, True, bar), not existed
 
 
 def _load(entry: Path, key: str) -> Path | None:

@@ -1,0 +1,108 @@
+"""Stan's own algorithms through stanvi.fit and `stanvi fit --method` (issue T3-5 item 2;
+docs/stan_reference.md#through-fit): the same runs as stanvi.reference's functions, saved like
+stanvi's fits, and stanvi-only arguments refused with the Stan setting to use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import stanvi
+from stanvi.reference import ReferenceFit, nuts, pathfinder, stan_advi
+from stanvi.stan.compiler import compile_model
+
+pytestmark = pytest.mark.slow
+
+MODELS = Path(__file__).resolve().parents[2] / "stan_models"
+DIAG = {"D": 4, "mu": [1.0, -2.0, 0.5, 3.0], "sigma": [0.5, 2.0, 1.0, 0.1]}
+
+
+@pytest.fixture(scope="module")
+def diag_model():
+    return compile_model(MODELS / "gaussian_diag" / "gaussian_diag.stan", progress=False)
+
+
+def test_fit_runs_the_same_stan_algorithms(diag_model):
+    """Same seed and settings: the draws are those of stanvi.reference's own functions."""
+    cases = [("nuts", {"num_samples": 200, "num_warmup": 200, "chains": 2}, nuts, {}),
+             ("pathfinder", {"num_paths": 1}, pathfinder, {}),
+             ("stan-advi", {}, stan_advi, {"algorithm": "fullrank"})]
+    for method, settings, function, extra in cases:
+        family = extra.get("algorithm", "meanfield")
+        ours = stanvi.fit(diag_model, DIAG, method=method, family=family, seed=3,
+                          progress=False, **settings)
+        theirs = function(diag_model, DIAG, seed=3, **extra, **settings)
+        assert isinstance(ours, ReferenceFit)
+        np.testing.assert_array_equal(ours.draws["z"], theirs.draws["z"])
+    loaded = stanvi.load_model(diag_model, DIAG, progress=False)   # its own data
+    again = stanvi.fit(loaded, method="pathfinder", seed=3, num_paths=1, progress=False)
+    np.testing.assert_array_equal(again.draws["z"],
+                                  pathfinder(diag_model, DIAG, seed=3, num_paths=1).draws["z"])
+
+
+def test_stanvi_only_arguments_are_refused_with_the_stan_setting(diag_model):
+    with pytest.raises(ValueError, match=r"draws=50 .*nuts does not take it.*num_samples"):
+        stanvi.fit(diag_model, DIAG, method="nuts", draws=50, progress=False)
+    with pytest.raises(ValueError, match=r"profile='paper'"):
+        stanvi.fit(diag_model, DIAG, method="pathfinder", profile="paper", progress=False)
+    with pytest.raises(ValueError, match="family='fullrank' has no meaning for Stan's nuts"):
+        stanvi.fit(diag_model, DIAG, method="nuts", family="fullrank", progress=False)
+    with pytest.raises(ValueError, match="'meanfield' and 'fullrank', not 'mixture'"):
+        stanvi.fit(diag_model, DIAG, method="stan-advi", family="mixture", progress=False)
+
+
+def test_save_writes_csv_netcdf_summary_and_diagnostics(diag_model, tmp_path):
+    ref = stanvi.fit(diag_model, DIAG, method="nuts", seed=1, chains=2, num_warmup=150,
+                     num_samples=100, progress=False)
+    paths = ref.save(tmp_path)
+    assert paths["csv"].name == "gaussian_diag-nuts-seed1.csv"
+    import pandas as pd  # noqa: PLC0415
+
+    table = pd.read_csv(paths["csv"], comment="#")
+    assert list(table["chain__"].unique()) == [1, 2] and len(table) == 200
+    np.testing.assert_array_equal(table["z.3"].to_numpy(), ref.draws["z"][:, 2])
+    np.testing.assert_array_equal(table["lp__"].to_numpy(), ref.stan_columns["lp__"])
+    tree = xr.open_datatree(paths["netcdf"])
+    assert tree["posterior"]["z"].shape == (2, 100, 4)
+    summary = pd.read_csv(paths["summary"], index_col=0)
+    assert "r_hat" in summary.columns and "z[4]" in summary.index
+    assert "max_r_hat" in paths["diagnostics"].read_text()
+    with pytest.raises(FileExistsError):
+        ref.save(tmp_path)
+    assert ref.summary(var_names="z").shape[0] == 4
+
+
+def test_cli_fit_with_stans_pathfinder(diag_model, tmp_path):
+    import json  # noqa: PLC0415
+
+    from stanvi.cli import main  # noqa: PLC0415
+
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps(DIAG))
+    stan = MODELS / "gaussian_diag" / "gaussian_diag.stan"
+    args = ["fit", str(stan), "--data", str(data), "--method", "pathfinder", "--quiet",
+            "--option", "num_paths=1", "--output", str(tmp_path / "out")]
+    assert main(args) == 0
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["gaussian_diag-pathfinder-seed0.csv", "gaussian_diag-pathfinder-seed0.nc",
+                       "gaussian_diag-pathfinder-seed0_diagnostics.txt",
+                       "gaussian_diag-pathfinder-seed0_summary.csv"]
+    assert main([*args, "--name", "z", "--profile", "paper"]) == 1
+    assert main([*args, "--name", "z", "--zarr"]) == 1
+    assert not (tmp_path / "out" / "z.csv").exists()
+
+
+def test_build_services_ahead(diag_model, capsys):
+    """`stanvi build-services` builds (or finds) the services object reference runs link and
+    prints its path; a second build finds it built."""
+    from stanvi.cli import main  # noqa: PLC0415
+    from stanvi.stan.services_build import build_services_ahead  # noqa: PLC0415
+
+    assert main(["build-services", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "Stan's services" in out and ".o" in out
+    path, built = build_services_ahead(progress=False)
+    assert path.is_file() and not built and str(path) in out
