@@ -62,9 +62,11 @@ def load_model(model: str | os.PathLike | CompiledModel, data: DataLike = None, 
 load = load_model
 
 from stanvi.saved import SavedFit, read  # noqa: E402
+from stanvi.evaluation.compare import Comparison, compare  # noqa: E402
 
 
-__all__ = ["CompiledModel", "DivergedError", "Fit", "fit", "JaxTarget", "MissingExtraError",
+__all__ = ["Comparison", "CompiledModel", "DivergedError", "Fit", "fit", "JaxTarget",
+           "MissingExtraError", "compare",
            "ModelEvaluationError",
            "NotConvergedError", "NotConvergedWarning", "StanCompileError", "StanDataError",
            "SavedFit", "StanTarget", "StanviError", "StanviWarning", "ToolchainError", "VIError",

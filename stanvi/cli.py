@@ -36,6 +36,8 @@ from pathlib import Path
 
 from stanvi.batch.cli import add_batch_parser, add_report_parser
 from stanvi.bench.cli import add_bench_parser
+from stanvi.evaluation.cli import add_compare_parser
+from stanvi.reference.cli import add_build_services_parser
 from stanvi.bench.cli import DEFAULT_MODELS_DIR  # noqa: F401  (re-exported: it was defined here)
 from stanvi.errors import StanviError
 
@@ -246,12 +248,6 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 
-def _cmd_build_services(args: argparse.Namespace) -> int:
-    from stanvi.reference.cli import cmd_build_services  # noqa: PLC0415
-
-    return cmd_build_services(args)
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``stanvi fit: error: ...`` (and a pointer to --help)."""
 
@@ -346,11 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the full traceback on errors")
     p.set_defaults(func=_cmd_fit)
 
-    p = sub.add_parser("build-services",
-                       help="build Stan's services (NUTS, ADVI, Pathfinder) once, ahead of use")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=_cmd_build_services)
-
+    add_build_services_parser(sub)
+    add_compare_parser(sub)
     add_bench_parser(sub)
     add_batch_parser(sub)
     add_report_parser(sub)

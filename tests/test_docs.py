@@ -178,11 +178,11 @@ def test_doc_snippets_run_and_show_their_real_output(name, scratch):
         logger.setLevel(level)
 
 
-# Shell blocks: every `stanvi fit|info|compile` command shown in a ```sh block or after `$ ` in
+# Shell blocks: every `stanvi fit|info|compile|compare` command shown in a ```sh block or after `$ ` in
 # a plain block runs (exit status 0) in the scratch directory; where the block shows the
 # command's output (the lines after a `$ stanvi ...` command), those lines must appear in the
 # real output in order, a line `...` standing for any number of lines.
-RUNNABLE = ("stanvi fit ", "stanvi info ", "stanvi compile ")
+RUNNABLE = ("stanvi fit ", "stanvi info ", "stanvi compile ", "stanvi compare ")
 
 
 def shell_commands(code: str) -> list[tuple[str, list[str]]]:

@@ -54,6 +54,14 @@ def cmd_fit_stan(args: argparse.Namespace, init) -> int:
     return 0
 
 
+def add_build_services_parser(sub) -> None:
+    """Register ``stanvi build-services`` on the ``stanvi`` command's subparsers."""
+    p = sub.add_parser("build-services",
+                       help="build Stan's services (NUTS, ADVI, Pathfinder) once, ahead of use")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_build_services)
+
+
 def cmd_build_services(args: argparse.Namespace) -> int:
     """Build Stan's services object (what every model's first use of NUTS, ADVI or Pathfinder
     would otherwise build, a few minutes) for this installation, with progress."""

@@ -1,0 +1,87 @@
+"""stanvi.compare (issue T3-5 item 3; docs/choosing.md#compare): the recommendation rule on
+rows whose figures are given, and one comparison end to end on a Stan model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import stanvi
+from conftest import data_file, stan_file
+from stanvi.evaluation.compare import AS_FAST, QUICK_ENOUGH, label, parse_method, recommend
+
+
+def row(method, *, elbo=math.nan, me=math.nan, w1=math.nan, seconds=10.0, evaluations=100,
+        verdict="good", status="converged", khat=0.4):
+    return {"method": method, "elbo": elbo, "mean_error_sd": me, "w1_sd": w1,
+            "seconds": seconds, "evaluations": evaluations, "verdict": verdict,
+            "status": status, "khat": khat}
+
+
+def test_without_a_reference_the_fastest_within_a_nat_of_the_best_elbo():
+    rows = [row("A", elbo=-10.0, seconds=10.0), row("B", elbo=-10.5, seconds=2.0),
+            row("C", elbo=-12.0, seconds=0.1),                   # 2 nats below: out
+            row("D", elbo=-9.9, seconds=0.5, verdict="unreliable"),    # unreliable: out
+            row("NUTS", verdict="reference", seconds=0.01)]      # never the recommendation
+    pick, reason = recommend(rows, with_reference=False)
+    assert pick == "B" and "ELBO -10.5" in reason and "of the 2 that qualify" in reason
+    assert "the fastest" in reason and "within 1 nat of the best (-10)" in reason
+    # equally fast (within AS_FAST x): the higher ELBO is named
+    rows[0]["seconds"] = 2.0 * AS_FAST * 0.99
+    assert recommend(rows, with_reference=False)[0] == "A"
+    # all under QUICK_ENOUGH seconds: equally fast, whatever the ratio
+    rows[0]["seconds"], rows[1]["seconds"] = QUICK_ENOUGH, QUICK_ENOUGH / 50
+    pick, reason = recommend(rows, with_reference=False)
+    assert pick == "A" and "the highest ELBO of the 2 about as fast" in reason
+
+
+def test_with_a_reference_accuracy_decides_and_pathfinder_without_khat_counts():
+    rows = [row("TrustVI", me=0.05, w1=0.15, seconds=0.2),
+            row("ADVI", me=0.3, w1=0.4, seconds=0.01),            # inaccurate: out
+            row("Pathfinder (4 paths)", me=0.02, w1=0.1, seconds=0.02, verdict=None,
+                status="ok", khat=math.nan)]
+    pick, reason = recommend(rows, with_reference=True)   # both quick: the smaller W1
+    assert pick == "Pathfinder (4 paths)" and "mean error 0.02 sd, W1 0.1 sd" in reason
+    assert "no k-hat" in reason
+    rows[2]["w1_sd"] = 0.25                                       # marginals too far: out
+    pick, reason = recommend(rows, with_reference=True)
+    assert pick == "TrustVI" and "the only one that qualifies" in reason
+    rows[0]["status"] = "failed"
+    pick, reason = recommend(rows, with_reference=True)
+    assert pick == "NUTS" and "no approximation qualifies" in reason
+
+
+def test_method_specs_and_labels():
+    assert parse_method("trustvi/fullrank") == ("trustvi", "fullrank", {})
+    assert parse_method(("pathfinder", {"num_paths": 1})) == ("pathfinder", "meanfield",
+                                                              {"num_paths": 1})
+    assert label("trustvi", "fullrank", {}) == "TrustVI (full-rank)"
+    assert label("pathfinder", "meanfield", {"num_paths": 1}) == "Pathfinder (1 path)"
+    assert label("stan-advi", "meanfield", {}) == "Stan's ADVI (mean-field)"
+
+
+@pytest.mark.slow
+def test_compare_end_to_end_against_nuts(compiled):
+    compiled("bernoulli")   # in the compile cache (shared with the other tests)
+    result = stanvi.compare(stan_file("bernoulli"), data_file("bernoulli"),
+                            methods=["trustvi", ("pathfinder", {"num_paths": 1}), "stan-advi"],
+                            reference="nuts", progress=False)
+    table = result.table()
+    assert list(table.index) == ["TrustVI (mean-field)", "Pathfinder (1 path)",
+                                 "Stan's ADVI (mean-field)"]
+    # every approximation has a finite ELBO (a lower bound on log p(y) < 0), accuracy against
+    # NUTS and its evaluations counted
+    assert np.all(np.isfinite(table["elbo"])) and np.all(table["elbo"] < 0)
+    assert np.all(table["mean_error_sd"] < 0.5) and np.all(table["evaluations"] > 0)
+    # the same fit as stanvi.fit with the same seed
+    again = stanvi.fit(stan_file("bernoulli"), data_file("bernoulli"), seed=0, progress=False)
+    np.testing.assert_array_equal(result.fits["TrustVI (mean-field)"].draws["theta"],
+                                  again.draws["theta"])
+    text = str(result)
+    assert text.splitlines()[0].startswith("bernoulli: 3 methods, seed 0, accuracy against NUTS")
+    assert f"recommendation: {result.recommendation}: " in text
+    assert result.recommendation in list(table.index) + ["NUTS"]
+    with pytest.raises(ValueError, match="reference must be None or 'nuts'"):
+        stanvi.compare(stan_file("bernoulli"), data_file("bernoulli"), reference="advi")
