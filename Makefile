@@ -7,7 +7,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PYENV_VERSION ?= 3.12.1
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench api clean
+
+# The API reference (docs/api.md): pdoc renders these modules' docstrings to build/api/
+# (tests/test_api_reference.py builds the same list and checks its links).
+API_MODULES := stanvi stanvi.reference stanvi.gp stanvi.discrete stanvi.targets stanvi.families \
+	stanvi.diagnostics stanvi.output.plots stanvi.evaluation.compare stanvi.errors
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +34,10 @@ test: venv
 
 bench: venv
 	$(VENV)/bin/stanvi bench target
+
+api: venv
+	$(PY) -m pdoc --docformat google --output-directory build/api $(API_MODULES)
+	@echo "API reference: build/api/index.html"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -71,3 +71,16 @@ __all__ = ["Comparison", "CompiledModel", "DivergedError", "Fit", "fit", "JaxTar
            "NotConvergedError", "NotConvergedWarning", "StanCompileError", "StanDataError",
            "SavedFit", "StanTarget", "StanviError", "StanviWarning", "ToolchainError", "VIError",
            "compile", "load", "load_model", "read", "__version__"]
+
+
+#: Subpackages with a public API of their own (docs/api.md), listed by ``dir(stanvi)`` once
+#: imported.
+_PUBLIC_PACKAGES = ("diagnostics", "discrete", "evaluation", "families", "gp", "output",
+                    "reference", "targets")
+
+
+def __dir__() -> list[str]:
+    """``dir(stanvi)`` (and tab completion) lists the public names only: those of
+    :data:`__all__` and the public subpackages already imported (PEP 562); the helpers imported
+    here (``os``, ``Path``, ``compile_model``, ...) stay out of sight."""
+    return sorted({*__all__, *(name for name in _PUBLIC_PACKAGES if name in globals())})
