@@ -227,15 +227,13 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                      tree_kwargs=tree_kwargs, overwrite=args.overwrite,
                      cmdstan_compatible=args.cmdstan_compatible)
 
-    import pandas as pd  # noqa: PLC0415
+    from stanvi.output.summary import summary_text  # noqa: PLC0415
 
     print(f"{fit.target.name}: {fit.method} ({fit.family_name}, profile {fit.profile}), "
           f"seed {fit.seed}, {len(fit.trace) - 1} iterations, "
           f"{fit.oracle['oracle_scaled']:.1f} oracle calls, {fit.wall_time:.2f} s "
           f"(JAX compile {fit.compile_time:.2f} s)")
-    with pd.option_context("display.max_rows", args.max_rows, "display.width", 120):
-        summary = fit.summary(var_names=args.var_names)
-        print(summary.to_string(float_format=lambda x: f"{x:.4g}", max_rows=args.max_rows))
+    print(summary_text(fit, args.var_names, args.max_rows))
     print()
     print(fit.diagnostics())
     for w in method_warnings[:5]:

@@ -59,3 +59,13 @@ def summary_table(draws: Mapping[str, np.ndarray], percentiles: tuple[float, ...
     quantiles = np.where((n_finite > 0)[:, None], quantiles, np.nan)
     table = np.column_stack([mean, sd, quantiles])
     return pd.DataFrame(table, index=labels, columns=columns)
+
+
+def summary_text(fit, var_names=None, max_rows: int = 40) -> str:
+    """``fit.summary(var_names=...)`` as ``stanvi fit`` prints it: 4 significant figures, at
+    most ``max_rows`` rows (any fit with a ``summary`` method: stanvi's, Stan's)."""
+    import pandas as pd  # noqa: PLC0415
+
+    with pd.option_context("display.max_rows", max_rows, "display.width", 120):
+        return fit.summary(var_names=var_names).to_string(float_format=lambda x: f"{x:.4g}",
+                                                          max_rows=max_rows)

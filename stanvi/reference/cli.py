@@ -20,8 +20,7 @@ STANVI_ONLY_FLAGS = {"--zarr": ("zarr", False), "--cmdstan-compatible": ("cmdsta
 
 def cmd_fit_stan(args: argparse.Namespace, init) -> int:
     """Run Stan's ``args.method`` (already validated paths and seed), save it and print it."""
-    import pandas as pd  # noqa: PLC0415
-
+    from stanvi.output.summary import summary_text  # noqa: PLC0415
     from stanvi.output.writers import check_writable  # noqa: PLC0415
     from stanvi.reference.as_fit import run_stan_method  # noqa: PLC0415
 
@@ -43,9 +42,7 @@ def cmd_fit_stan(args: argparse.Namespace, init) -> int:
                    else f", {fit.gradient_evaluations} gradient evaluations")
     print(f"{fit.model_name}: Stan's {fit.algorithm} (stanvi.reference), seed {args.seed}, "
           f"{fit.num_draws} draws{evaluations}, {fit.wall_time:.2f} s")
-    with pd.option_context("display.max_rows", args.max_rows, "display.width", 120):
-        summary = fit.summary(var_names=args.var_names)
-        print(summary.to_string(float_format=lambda x: f"{x:.4g}", max_rows=args.max_rows))
+    print(summary_text(fit, args.var_names, args.max_rows))
     print()
     print(fit.diagnostics_text())
     print()
