@@ -24,8 +24,9 @@ included, judged by accuracy alone) whose means are within
 report's rule, :mod:`stanvi.batch.recommend`); without one, those whose ELBO is within
 :data:`ELBO_WITHIN` nat of the best — the fastest; those within :data:`AS_FAST` × its time, or
 under :data:`QUICK_ENOUGH` seconds, count as equally fast, and of them the closest to the
-posterior is named (smallest W1 with a reference, else highest ELBO).  When none qualifies: NUTS.  Multi-path Pathfinder and NUTS have
-no single proposal density, so no ELBO or k̂: without a reference they are shown, not judged.
+posterior is named (smallest W1 with a reference, else highest ELBO).  When none qualifies:
+NUTS.  Multi-path Pathfinder and NUTS have no single proposal density, so no ELBO or k̂: without
+a reference they are shown, not judged.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ Stan CSV layout:
   data file, the seed), each only where it is true of the fit: every key for ADVI, ``algorithm``
   (the family), ``iter`` (the iteration limit) and ``output_samples`` for the other methods,
   unless ``cmdstan_compatible`` asks for every key cmdstanpy requires
-  (:func:`cmdstan_variational_config`); then stanvi's own settings under ``stanvi_`` keys (its version,
-  method, family, profile and every option as ``stanvi_option_NAME``) so that a reader taking
-  the ``key = value`` lines as one flat dictionary, as cmdstanpy does, sees CmdStan's values;
+  (:func:`cmdstan_variational_config`); then stanvi's own settings under ``stanvi_`` keys (its
+  version, method, family, profile and every option as ``stanvi_option_NAME``) so that a
+  reader taking the ``key = value`` lines as one flat dictionary, as cmdstanpy does, sees
+  CmdStan's values;
 * the header row: ``lp__,log_p__,log_g__`` then every constrained parameter, transformed
   parameter and generated quantity element, named as CmdStan names them (``theta.1``,
   ``Sigma.2.1``; column-major, first index fastest);

@@ -10,8 +10,10 @@ from pathlib import Path
 
 #: ``stanvi fit`` options that belong to stanvi's own methods (flag → its argparse attribute
 #: and value when not given).
-STANVI_ONLY_FLAGS = {"--zarr": ("zarr", False), "--cmdstan-compatible": ("cmdstan_compatible", False),
-                     "--profile": ("profile", None), "--max-oracle-calls": ("max_oracle_calls", None),
+STANVI_ONLY_FLAGS = {"--zarr": ("zarr", False),
+                     "--cmdstan-compatible": ("cmdstan_compatible", False),
+                     "--profile": ("profile", None),
+                     "--max-oracle-calls": ("max_oracle_calls", None),
                      "--family-options": ("family_options", None),
                      "--log-likelihood": ("log_likelihood", None),
                      "--posterior-predictive": ("posterior_predictive", None),
