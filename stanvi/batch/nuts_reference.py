@@ -22,11 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+# the trust thresholds and rule (module docstring), shared with stanvi.compare's NUTS row
+from stanvi.reference.result import MAX_RHAT, MIN_ESS, trust_reasons  # noqa: F401
 
-#: The trust thresholds (module docstring)
-MAX_RHAT = 1.01
-MIN_ESS = 400.0
 #: The second run's warmup, as a multiple of the first's
 LONGER_WARMUP = 4
 #: Chains and draws per chain of a reference (Stan's defaults)
@@ -35,33 +33,13 @@ WARMUP = 1000
 SAMPLES = 1000
 
 
-def trust_reasons(diagnostics: dict[str, Any]) -> list[str]:
-    """Why a NUTS run's draws are not a trustworthy reference (empty: they are), from
-    :meth:`stanvi.reference.result.ReferenceFit.diagnostics` plus ``divergences``."""
-    reasons = []
-    rhat = diagnostics.get("max_r_hat")
-    if rhat is None or not np.isfinite(rhat) or rhat > MAX_RHAT:
-        reasons.append(f"largest R-hat {rhat:.3g} > {MAX_RHAT}" if rhat is not None
-                       and np.isfinite(rhat) else "R-hat could not be computed")
-    for key, what in (("min_ess_bulk", "bulk"), ("min_ess_tail", "tail")):
-        ess = diagnostics.get(key)
-        if ess is None or not np.isfinite(ess) or ess < MIN_ESS:
-            reasons.append(f"smallest {what} ESS {ess:.0f} < {MIN_ESS:.0f}" if ess is not None
-                           and np.isfinite(ess) else f"{what} ESS could not be computed")
-    divergences = int(diagnostics.get("divergences", 0))
-    if divergences:
-        reasons.append(f"{divergences} divergent transition(s) after warmup")
-    return reasons
-
-
 def _run(compiled, data, num_warmup: int) -> tuple[Any, dict[str, Any]]:
     """One NUTS run and its figures (diagnostics, wall time, gradients)."""
     from stanvi.reference import nuts  # noqa: PLC0415
 
     fit = nuts(compiled, data, chains=CHAINS, seed=0, num_warmup=num_warmup,
                num_samples=SAMPLES)
-    diag = {k: v for k, v in fit.diagnostics().items() if isinstance(v, (int, float))}
-    diag["divergences"] = int(sum(fit.sampler_diagnostics["divergences"]))
+    diag = fit.nuts_figures()
     figures = {"num_warmup": num_warmup, "wall_time": fit.wall_time,
                "gradient_evaluations": fit.gradient_evaluations, **diag,
                "reasons": trust_reasons(diag)}

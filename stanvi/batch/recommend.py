@@ -20,14 +20,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-#: Acceptable accuracy (module docstring)
-MEAN_ERROR_OK = 0.1
-W1_OK = 0.2
-
-_METHOD_NAMES = {"trustvi": "TrustVI", "advi": "ADVI", "hfsgvi": "HFSGVI",
-                 "jointcv": "jointcv", "mlmcvi": "MLMCVI", "stan-advi": "Stan's ADVI",
-                 "nuts": "NUTS"}
-_FAMILIES = {"meanfield": "mean-field", "fullrank": "full-rank"}
+# the acceptable accuracy (module docstring) and the names of methods and families, as
+# stanvi.compare judges and names them
+from stanvi.evaluation.compare import FAMILY_NAMES, MEAN_ERROR_OK, METHOD_NAMES, W1_OK
 
 
 def label(config: str) -> str:
@@ -38,9 +33,9 @@ def label(config: str) -> str:
         return "Pathfinder (1 path)" if profile == "single" else "Pathfinder (4 paths)"
     if method == "nuts":
         return "NUTS" if profile in ("", "diag") else f"NUTS ({profile} metric)"
-    name = _METHOD_NAMES.get(method, method)
+    name = METHOD_NAMES.get(method, method)
     shown_profile = "" if method == "stan-advi" else f" {profile}"
-    fam = _FAMILIES.get(family)
+    fam = FAMILY_NAMES.get(family)
     return f"{name}{shown_profile}" + (f" ({fam})" if fam else "")
 
 

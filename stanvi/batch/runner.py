@@ -146,7 +146,6 @@ def _cases_to_prepare(cases: Sequence[ModelCase], todo: list, config: BatchConfi
 
 
 def _client(scheduler: str | None, workers: int | None):
-    require_dask()
     from distributed import Client, LocalCluster  # noqa: PLC0415
 
     if scheduler:

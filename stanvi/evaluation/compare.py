@@ -38,10 +38,11 @@ from typing import Any
 import numpy as np
 
 from stanvi.methods import STAN_METHODS
+from stanvi.reference.result import trust_reasons
 
 #: Methods compared when none are named.
 DEFAULT_METHODS = ("trustvi", "trustvi/fullrank", "advi", "pathfinder")
-#: With a reference: acceptable standardized mean error and W1 (as the batch report's rule).
+#: With a reference: acceptable standardized mean error and W1 (the batch report's rule too).
 MEAN_ERROR_OK = 0.1
 W1_OK = 0.2
 #: Without a reference: an approximation qualifies within this many nats of the best ELBO.
@@ -54,10 +55,11 @@ AS_FAST = 2.0
 QUICK_ENOUGH = 1.0
 #: Draws of the ELBO estimates.
 ELBO_DRAWS = 4000
-_NAMES = {"trustvi": "TrustVI", "advi": "ADVI", "hfsgvi": "HFSGVI", "jointcv": "jointcv",
-          "mlmcvi": "MLMCVI", "stan-advi": "Stan's ADVI", "pathfinder": "Pathfinder",
-          "nuts": "NUTS"}
-_FAMILIES = {"meanfield": "mean-field", "fullrank": "full-rank", "mixture": "mixture"}
+#: How tables name methods and families (here and in the batch report, stanvi.batch.recommend).
+METHOD_NAMES = {"trustvi": "TrustVI", "advi": "ADVI", "hfsgvi": "HFSGVI", "jointcv": "jointcv",
+                "mlmcvi": "MLMCVI", "stan-advi": "Stan's ADVI", "pathfinder": "Pathfinder",
+                "nuts": "NUTS"}
+FAMILY_NAMES = {"meanfield": "mean-field", "fullrank": "full-rank", "mixture": "mixture"}
 
 
 def parse_method(spec) -> tuple[str, str, dict]:
@@ -71,13 +73,13 @@ def parse_method(spec) -> tuple[str, str, dict]:
 
 def label(method: str, family: str, options: dict) -> str:
     """How the table names a configuration: 'TrustVI (full-rank)', 'Pathfinder (1 path)'."""
-    name = _NAMES.get(method, method)
+    name = METHOD_NAMES.get(method, method)
     if method == "pathfinder":
         paths = int(options.get("num_paths", 4))
         return f"{name} ({paths} path{'s' if paths > 1 else ''})"
     if method == "nuts":
         return name
-    return f"{name} ({_FAMILIES.get(family, family)})"
+    return f"{name} ({FAMILY_NAMES.get(family, family)})"
 
 
 @dataclass
@@ -142,22 +144,18 @@ def compare(model, data=None, *, methods=DEFAULT_METHODS, reference: str | None 
     specs = [parse_method(m) for m in methods]
     if not specs:
         raise ValueError("name at least one method to compare")
-    target = StanTarget(model, data, seed=seed, progress=progress)
+    target = StanTarget(model, data, seed=seed, progress=progress)   # every fit's model
     ref = ref_draws = None
     if reference == "nuts":
         from stanvi.targets.labelled import labelled_draws  # noqa: PLC0415
 
-        ref = fit(model, data, method="nuts", seed=seed, progress=progress)
+        ref = fit(target, method="nuts", seed=seed, progress=progress)
         ref_draws = labelled_draws(ref.draws)
     rows, fits = [], {}
     for method, family, options in specs:
         name = label(method, family, options)
-        if method in STAN_METHODS:
-            result = fit(model, data, method=method, family=family, seed=seed,
-                         progress=progress, **options)
-        else:
-            result = fit(target, method=method, family=family, seed=seed, progress=progress,
-                         **options)
+        result = fit(target, method=method, family=family, seed=seed, progress=progress,
+                     **options)
         fits[name] = result
         rows.append({"method": name, **_figures(method, result, target, ref_draws, seed)})
     recommendation, reason = recommend(rows, reference is not None)
@@ -195,7 +193,8 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
                                                  target.dim))
                 row["elbo"] = float(stan_advi_elbo(result, target, [eps])[0][0])
         elif method == "nuts":
-            row["verdict"] = "reference" if _nuts_ok(result) else "check R-hat/ESS"
+            row["verdict"] = ("check R-hat/ESS" if trust_reasons(result.nuts_figures())
+                              else "reference")
     else:
         row["status"] = result.status
         row["evaluations"] = int(sum((result.info.get("model_evaluations") or {}).values()))
@@ -208,12 +207,6 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
         row.update(mean_error_sd=float(acc["mean_error_sd_median"]),
                    w1_sd=float(acc["w1_sd_median"]))
     return row
-
-
-def _nuts_ok(result) -> bool:
-    d = result.diagnostics()
-    return (d.get("max_r_hat", 1.0) <= 1.01 and d.get("min_ess_bulk", 400) >= 400
-            and sum(d.get("divergences", [0])) == 0)
 
 
 def recommend(rows: list[dict], with_reference: bool) -> tuple[str, str]:

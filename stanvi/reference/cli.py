@@ -8,16 +8,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-#: ``stanvi fit`` options that belong to stanvi's own methods (flag → its argparse attribute
-#: and value when not given).
+#: ``stanvi fit`` flags of stanvi's output that Stan's runs do not write (flag → its argparse
+#: attribute and value when not given); the arguments of stanvi's methods (--profile,
+#: --max-oracle-calls, ...) are refused by :func:`~stanvi.reference.as_fit.run_stan_method`.
 STANVI_ONLY_FLAGS = {"--zarr": ("zarr", False),
                      "--cmdstan-compatible": ("cmdstan_compatible", False),
-                     "--profile": ("profile", None),
-                     "--max-oracle-calls": ("max_oracle_calls", None),
-                     "--family-options": ("family_options", None),
                      "--log-likelihood": ("log_likelihood", None),
-                     "--posterior-predictive": ("posterior_predictive", None),
-                     "--hvp-method": ("hvp_method", None)}
+                     "--posterior-predictive": ("posterior_predictive", None)}
 
 
 def cmd_fit_stan(args: argparse.Namespace, init) -> int:
@@ -38,7 +35,11 @@ def cmd_fit_stan(args: argparse.Namespace, init) -> int:
     check_writable(out_dir, base, overwrite=args.overwrite)   # before the run
     fit = run_stan_method(args.method, str(model), args.data, family=args.family,
                           seed=args.seed, init=init, progress=not args.quiet,
-                          given={"draws": args.draws}, **dict(args.option or []))
+                          given={"draws": args.draws, "profile": args.profile,
+                                 "max_oracle_calls": args.max_oracle_calls,
+                                 "family_options": args.family_options,
+                                 "hvp_method": args.hvp_method},
+                          **dict(args.option or []))
     paths = fit.save(out_dir, basename=base, overwrite=args.overwrite)
     evaluations = ("" if fit.gradient_evaluations is None
                    else f", {fit.gradient_evaluations} gradient evaluations")

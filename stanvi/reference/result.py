@@ -13,10 +13,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from stanvi.stan.names import group_names
+
+#: The thresholds a NUTS run's draws must meet to serve as a reference (:func:`trust_reasons`;
+#: docs/batch.md#nuts-references): the largest rank-normalized split R-hat, the smallest bulk
+#: and tail ESS (100 per chain for 4 chains).
+MAX_RHAT = 1.01
+MIN_ESS = 400.0
+
+
+def trust_reasons(diagnostics: dict[str, Any]) -> list[str]:
+    """Why a NUTS run's draws are not a trustworthy reference (empty: they are), from its
+    :meth:`ReferenceFit.nuts_figures` (the batch's NUTS references, ``stanvi.compare``)."""
+    reasons = []
+    rhat = diagnostics.get("max_r_hat")
+    if rhat is None or not np.isfinite(rhat) or rhat > MAX_RHAT:
+        reasons.append(f"largest R-hat {rhat:.3g} > {MAX_RHAT}" if rhat is not None
+                       and np.isfinite(rhat) else "R-hat could not be computed")
+    for key, what in (("min_ess_bulk", "bulk"), ("min_ess_tail", "tail")):
+        ess = diagnostics.get(key)
+        if ess is None or not np.isfinite(ess) or ess < MIN_ESS:
+            reasons.append(f"smallest {what} ESS {ess:.0f} < {MIN_ESS:.0f}" if ess is not None
+                           and np.isfinite(ess) else f"{what} ESS could not be computed")
+    divergences = int(diagnostics.get("divergences", 0))
+    if divergences:
+        reasons.append(f"{divergences} divergent transition(s) after warmup")
+    return reasons
 
 
 @dataclass
@@ -125,6 +151,13 @@ class ReferenceFit:
         from stanvi.diagnostics.report import compute  # noqa: PLC0415
 
         return compute(self.log_p, self.log_q, method=self.algorithm)
+
+    def nuts_figures(self) -> dict:
+        """NUTS's :meth:`diagnostics` as numbers only: the scalar figures, and ``divergences``
+        summed over chains (what :func:`trust_reasons` reads)."""
+        figures = {k: v for k, v in self.diagnostics().items() if isinstance(v, (int, float))}
+        figures["divergences"] = int(sum(self.sampler_diagnostics["divergences"]))
+        return figures
 
     def diagnostics_text(self) -> str:
         """:meth:`diagnostics` for a person: NUTS's as ``name: value`` lines, the variational

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.optimize as scipy_optimize   # a dependency of stanvi: never skipped
 
-scipy_optimize = pytest.importorskip("scipy.optimize")
-
-from stanvi.optim import lbfgsb as ws  # noqa: E402
+from stanvi.optim import lbfgsb as ws
 
 ROOT = Path(__file__).resolve().parents[2]
 EXT = scipy_optimize._lbfgsb
