@@ -173,6 +173,7 @@ def fit_job(job: dict) -> dict[str, Any]:
         "wall_time": result.wall_time, "compile_time": result.compile_time,
         "run_time": result.run_time, "setup_time": result.setup_time,
         "khat": diag.khat, "khat_se": diag.khat_se, "verdict": diag.verdict, "ess": diag.ess,
+        "verdict_figures": diag.verdict_figures(),
         "info": {k: v for k, v in result.info.items()
                  if isinstance(v, (int, float, str, bool)) or v is None},
         **protocol}

@@ -60,6 +60,7 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
     from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
+    from stanvi.reference.diagnostics import stan_diagnostics  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
     from stanvi.stan.services_build import services_library  # noqa: PLC0415
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
@@ -122,8 +123,11 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
                                if isinstance(v, (int, float))})
         record["info"]["divergences"] = int(sum(fit.sampler_diagnostics["divergences"]))
     elif fit.has_proposal_density:
-        diag = fit.diagnostics()
-        record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess)
+        diag = (fit.diagnostics() if unconstrained is None else stan_diagnostics(
+            fit, target, np.column_stack([unconstrained[n] for n in target.unconstrained_names]),
+            seed))
+        record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess,
+                      verdict_figures=diag.verdict_figures())
     ref_path = job.get("reference_npz")
     if ref_path:
         ref_c, ref_u = read_reference_npz(ref_path)

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 DIAG_MIN_DRAWS = 4000    # diagnostic draws: S_diag = max(draws, min(MAX, max(MIN, WORK // D)))
@@ -21,16 +23,51 @@ def diagnostic_draw_count(dim: int, n_output: int = 0) -> int:
     return max(int(n_output), min(DIAG_MAX_DRAWS, max(DIAG_MIN_DRAWS, by_dim)))
 
 
-def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None = None):
-    """log p, log q and the model's messages at S_diag fresh draws from the fit's q, drawn with
-    a seed derived from ``fit.seed``: one batched log-density call (no gradients), plus log q.
-    Returns None when the fit has no target to evaluate."""
+#: Work bound of the added diagnostic draws (:func:`diagnostic_draw_cap`): D · S ≤ this
+DIAG_ADDED_WORK = 2_048_000
+#: The most diagnostic draws a fit's verdict may use: 8 S_diag (three doublings)
+DIAG_GROWTH = 8
+DIAG_CAP_DRAWS = 256_000
+
+
+def diagnostic_draw_cap(dim: int, first: int) -> int:
+    """The most draws the verdict adds up to while k̂'s band is undecided
+    (:mod:`stanvi.diagnostics.verdict`): 8 S_diag, at most 2,048,000 / D and 256,000 (about
+    the work of 2,000 gradients of a D = 1,000 model), never fewer than the first S_diag."""
+    by_dim = DIAG_ADDED_WORK // max(int(dim), 1)
+    return max(int(first), min(DIAG_GROWTH * int(first), by_dim, DIAG_CAP_DRAWS))
+
+
+class DiagnosticSample(NamedTuple):
+    """Draws z (S, D) from q with their log p (−inf where the model failed), log q and the
+    model's messages at the failed rows (row → message)."""
+
+    log_p: np.ndarray
+    log_q: np.ndarray
+    messages: dict
+    z: np.ndarray
+
+
+def can_draw(fit) -> bool:
+    """Whether fresh draws from the fit's q can be evaluated (it has a family and a target
+    with a log density: not a fit read from disk)."""
     target, family = getattr(fit, "target", None), getattr(fit, "family", None)
-    if target is None or family is None or not hasattr(target, "log_density"):
+    return target is not None and family is not None and hasattr(target, "log_density")
+
+
+def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None = None,
+                             batch: int = 0) -> DiagnosticSample | None:
+    """log p, log q and the model's messages at S_diag fresh draws from the fit's q, drawn with
+    a seed derived from ``fit.seed`` (and ``batch``: the verdict's added draws,
+    :mod:`stanvi.diagnostics.verdict`, are batches 1, 2, …): one batched log-density call (no
+    gradients), plus log q.  Returns None when the fit has no target to evaluate."""
+    if not can_draw(fit):
         return None
+    target, family = fit.target, fit.family
     dim = int(family.dim)
     n = diagnostic_draw_count(dim, len(fit.log_p)) if n_draws is None else int(n_draws)
-    rng = np.random.default_rng([int(fit.seed if seed is None else seed), 0x5D1A6])
+    entropy = [int(fit.seed if seed is None else seed), 0x5D1A6] + ([int(batch)] if batch else [])
+    rng = np.random.default_rng(entropy)
     eps = rng.standard_normal((n, dim))
     params = np.asarray(fit.params, dtype=float)
     if hasattr(family, "log_q_eps_np"):
@@ -47,4 +84,28 @@ def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None =
     log_p = np.asarray(res.log_density, dtype=float)
     if res.ok is not None:
         log_p = np.where(np.asarray(res.ok, dtype=bool), log_p, -np.inf)
-    return log_p, log_q, dict(res.messages or {})
+    return DiagnosticSample(log_p, np.asarray(log_q, dtype=float), dict(res.messages or {}),
+                            np.asarray(z, dtype=float))
+
+
+def gaussian_draws(target, mean: np.ndarray, chol: np.ndarray, seed: int):
+    """``draw(n, batch)`` for the verdict (:mod:`stanvi.diagnostics.verdict`) of a Gaussian
+    q = N(m, L Lᵀ) known only by m and L (Stan's ADVI and Pathfinder, recovered from their
+    output: :mod:`stanvi.reference.diagnostics`): n draws z = m + L ε, their log p through
+    ``target`` and log q = log φ(ε) − Σ log L_ii, seeded as a stanvi fit's diagnostic draws."""
+    mean = np.asarray(mean, dtype=float)
+    chol = np.asarray(chol, dtype=float)
+    dim = mean.size
+    log_det = float(np.sum(np.log(np.abs(np.diagonal(chol)))))
+
+    def draw(n: int, batch: int) -> DiagnosticSample:
+        rng = np.random.default_rng([int(seed), 0x5D1A6] + ([int(batch)] if batch else []))
+        eps = rng.standard_normal((int(n), dim))
+        z = mean + eps @ chol.T
+        log_q = -0.5 * np.sum(eps * eps, axis=1) - log_det - 0.5 * dim * np.log(2.0 * np.pi)
+        res = target.log_density(z)
+        log_p = np.asarray(res.log_density, dtype=float)
+        if res.ok is not None:
+            log_p = np.where(np.asarray(res.ok, dtype=bool), log_p, -np.inf)
+        return DiagnosticSample(log_p, log_q, dict(res.messages or {}), z)
+    return draw

@@ -68,13 +68,15 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.diagnostics.draws import diagnostic_log_densities
+from stanvi.diagnostics.draws import (can_draw, diagnostic_draw_cap, diagnostic_draw_count,
+                                     diagnostic_log_densities)
 from stanvi.diagnostics.psis import MIN_DRAWS, importance_ess, psis, resample_indices
+from stanvi.diagnostics.verdict import (MEAN_SHIFT_LIMIT, collapsed_coordinates, mean_shift,
+                                        open_boundaries, ratio_scale, sample_until_decided)
 
 # Re-exported from their own modules, as they were defined here before and callers and tests
 # import them from this one.
 from stanvi.diagnostics.draws import DIAG_MAX_DRAWS, DIAG_MIN_DRAWS, DIAG_WORK  # noqa: F401
-from stanvi.diagnostics.draws import diagnostic_draw_count  # noqa: F401
 from stanvi.diagnostics.psis import log_sum_exp, gpdfit, psislw, tail_draws  # noqa: F401
 
 VERDICTS = ("good", "use with care", "unreliable")
@@ -141,6 +143,10 @@ class Diagnostics:
         warnings: what a user should know before using the fit.
         resampled: when asked for, the PSIS-resampled draws (constrained, by variable name);
             ``resampled_indices`` says which output draws they are.
+        borderline: k̂'s band was still undecided at the most diagnostic draws
+            (:mod:`stanvi.diagnostics.verdict`): the verdict is the point estimate's.
+        mean_shift: the largest PSIS shift of q's mean over the unconstrained coordinates, in
+            sds of q (NaN without the draws); ``mean_shift_at``: its coordinate.
     """
 
     khat: float
@@ -164,6 +170,9 @@ class Diagnostics:
     warnings: list[str] = field(default_factory=list)
     resampled: dict[str, np.ndarray] | None = field(default=None, repr=False)
     resampled_indices: np.ndarray | None = field(default=None, repr=False)
+    borderline: bool = False
+    mean_shift: float = math.nan
+    mean_shift_at: int = -1
 
     @property
     def reliable(self) -> bool:
@@ -184,7 +193,7 @@ class Diagnostics:
         if self.khat == -math.inf:
             return "-inf (constant ratios)"
         se = f" +/- {self.khat_se:.2f}" if np.isfinite(self.khat_se) else ""
-        return f"{self.khat:.2f}{se}"
+        return f"{self.khat:.2f}{se}" + (" (borderline)" if self.borderline else "")
 
     def _failed_text(self) -> str:
         msg = f' (model: "{self.failure_message}")' if self.failure_message else ""
@@ -201,6 +210,11 @@ class Diagnostics:
             line += "; " + self._failed_text()
         return line
 
+    def verdict_figures(self) -> dict[str, Any]:
+        """What the verdict was decided from (a batch record keeps them: docs/diagnostics.md#checked)."""
+        return {"n_draws": self.n_draws, "threshold": self.threshold, "borderline": self.borderline,
+                "mean_shift": self.mean_shift, "failed_fraction": self.failed_fraction}
+
     def to_dict(self) -> dict[str, Any]:
         return {"khat": self.khat, "threshold": self.threshold, "verdict": self.verdict,
                 "khat_se": self.khat_se, "ess": self.ess, "ess_raw": self.ess_raw,
@@ -208,7 +222,8 @@ class Diagnostics:
                 "n_failed": self.n_failed, "failed_fraction": self.failed_fraction,
                 "failure_message": self.failure_message, "elbo": self.elbo, "elbo_se": self.elbo_se,
                 "status": self.status, "message": self.message, "method": self.method,
-                "warnings": list(self.warnings)}
+                "borderline": self.borderline, "mean_shift": self.mean_shift,
+                "mean_shift_at": self.mean_shift_at, "warnings": list(self.warnings)}
 
     def __str__(self) -> str:
         lines = [
@@ -220,6 +235,8 @@ class Diagnostics:
             f"unreliable)" + (f': "{self.failure_message}"' if self.failure_message else ""),
             f"importance ESS:   {self.ess:.0f} of {self.n_draws} "
             f"({100.0 * self.ess / max(self.n_draws, 1):.0f}%; raw weights {self.ess_raw:.0f})",
+            f"mean shift:       {self.mean_shift:.3g} sd of q (PSIS-weighted mean against "
+            f"q's; above {MEAN_SHIFT_LIMIT}: unreliable)",
             f"ELBO (draws):     {self.elbo:.6g} +/- {self.elbo_se:.2g}",
             f"stopped:          {self.status}" + (f": {self.message}" if self.message else ""),
         ]
@@ -237,12 +254,15 @@ _VERDICT_TEXT = {
 
 def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: str = "",
             method: str = "", messages: dict[int, str] | None = None,
-            output_log_ratios: np.ndarray | None = None) -> Diagnostics:
+            output_log_ratios: np.ndarray | None = None, z: np.ndarray | None = None,
+            decided: bool = True) -> Diagnostics:
     """Diagnostics from log p and log q at S draws from q.
 
     ``messages`` (row -> the model's message, as in :class:`~stanvi.targets.base.BatchResult`)
     names why the failed rows failed.  ``output_log_ratios``: log p − log q of the fit's output
     draws when those differ from these (the diagnostic) draws; ``log_weights`` are then theirs.
+    ``z``: the draws (S, D) in unconstrained space, for the mean shift; ``decided``: False when
+    k̂'s band was still open at the most draws (:mod:`stanvi.diagnostics.verdict`).
     """
     log_p = np.asarray(log_p, dtype=float)
     log_q = np.asarray(log_q, dtype=float)
@@ -258,9 +278,7 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
         if texts:
             vals, counts = np.unique(np.array(texts, dtype=object), return_counts=True)
             fail_msg = str(vals[int(np.argmax(counts))])
-    with np.errstate(invalid="ignore"):
-        size = np.concatenate([np.abs(log_p[np.isfinite(log_p)]), np.abs(log_q[np.isfinite(log_q)])])
-    scale = float(size.max()) if size.size else 1.0   # rounding scale of log p − log q
+    scale = ratio_scale(log_p, log_q)
     lw_diag, k = psis(r, scale)
     ess = importance_ess(lw_diag)
     raw = np.where(np.isfinite(r), r, -np.inf)
@@ -279,6 +297,10 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
             elbo_se = float(fin.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
     tau = khat_threshold(n)
     v = verdict(k, n, frac)
+    shifts = mean_shift(z, lw_diag) if z is not None and np.ndim(z) == 2 and n else None
+    shift = float(np.max(shifts)) if shifts is not None and np.isfinite(shifts).any() else math.nan
+    if shift > MEAN_SHIFT_LIMIT and v != "unreliable":
+        v = "unreliable"
     warns: list[str] = []
     if status == "budget":
         warns.append("the method stopped because the oracle budget ran out, not because it "
@@ -310,22 +332,27 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
     elif v == "unreliable" and n < 1000 and k <= 0.7:
         warns.append(f"with only {n} draws the threshold is {tau:.2f}; more output draws "
                      "(draws=...) give a sharper diagnostic")
+    if shift > MEAN_SHIFT_LIMIT:
+        warns.insert(0, f"importance weighting moves q's mean by {shift:.2f} of q's sd (in "
+                        f"coordinate {int(np.nanargmax(shifts)) + 1}; above {MEAN_SHIFT_LIMIT}"
+                        "): q's means are off, whatever k-hat says")
+    borderline = not decided and bool(open_boundaries(k, khat_standard_error(float(k), n), tau))
     return Diagnostics(khat=float(k), threshold=tau, verdict=v, ess=ess, ess_raw=ess_raw,
                        n_draws=n, n_failed=n_failed, elbo=elbo, elbo_se=elbo_se,
                        log_weights=lw, log_ratios=r, status=status, message=message, method=method,
                        warnings=warns, khat_se=khat_standard_error(float(k), n),
-                       failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out)
+                       failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out,
+                       borderline=borderline, mean_shift=shift,
+                       mean_shift_at=int(np.nanargmax(shifts)) if np.isfinite(shift) else -1)
 
-def _collapsed_coordinates(fit) -> list[int]:
-    """Unconstrained coordinates along which the fit's output draws do not vary (a spread below
-    1e-12 of their size): where q's scale has collapsed to zero."""
-    z = np.asarray(getattr(fit, "unconstrained_draws", np.zeros((0, 0))), dtype=float)
-    if z.ndim != 2 or z.shape[0] < 2:
-        return []
-    with np.errstate(invalid="ignore"):
-        spread = np.ptp(z, axis=0)
-        size = np.maximum(np.max(np.abs(z), axis=0), 1.0)
-    return [int(i) for i in np.flatnonzero(np.isfinite(spread) & (spread <= 1e-12 * size))]
+def decided_diagnostics(draw, first: int, cap: int, **kwargs) -> Diagnostics:
+    """:func:`compute` on draws from q added until k̂'s band is decided
+    (:func:`stanvi.diagnostics.verdict.sample_until_decided`; ``draw(n, batch)`` gives a
+    :class:`~stanvi.diagnostics.draws.DiagnosticSample` of n more draws), with the mean shift."""
+    sample, decided = sample_until_decided(draw, first, cap, khat_threshold,
+                                           khat_standard_error, MAX_FAILED_FRACTION)
+    return compute(sample.log_p, sample.log_q, messages=sample.messages, z=sample.z,
+                   decided=decided, **kwargs)
 
 
 def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
@@ -335,15 +362,17 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
     weights of the fit's own output draws for reweighting.  With ``resample=True`` also the
     PSIS-resampled output draws (``Diagnostics.resampled``, constrained, by variable name)."""
     out_r = np.asarray(fit.log_p, dtype=float) - np.asarray(fit.log_q, dtype=float)
-    extra = diagnostic_log_densities(fit)
-    if extra is None:  # no target to evaluate: the output draws are all there is
+    first = diagnostic_draw_count(int(getattr(getattr(fit, "family", None), "dim", 1) or 1),
+                                  len(out_r))
+    if not can_draw(fit):  # no target to evaluate: the output draws are all there is
         d = compute(fit.log_p, fit.log_q, status=fit.status, message=fit.message,
                     method=fit.method)
     else:
-        lp, lq, msgs = extra
-        d = compute(lp, lq, status=fit.status, message=fit.message, method=fit.method,
-                    messages=msgs, output_log_ratios=out_r)
-    collapsed = _collapsed_coordinates(fit)
+        d = decided_diagnostics(
+            lambda n, batch: diagnostic_log_densities(fit, n, batch=batch), first,
+            diagnostic_draw_cap(fit.family.dim, first), status=fit.status,
+            message=fit.message, method=fit.method, output_log_ratios=out_r)
+    collapsed = collapsed_coordinates(fit)
     if collapsed:
         # q has (nearly) no spread along some coordinate: its ratios can be constant there,
         # k̂ = −inf, which said "good" for a q collapsed to a point (issue T3-2 item 4)

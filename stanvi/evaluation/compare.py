@@ -166,6 +166,20 @@ def compare(model, data=None, *, methods=DEFAULT_METHODS, reference: str | None 
                       recommendation=recommendation, reason=reason, seed=seed, notes=notes)
 
 
+def _stan_verdict(result, target, seed: int):
+    """Stan's ADVI or Pathfinder judged by stanvi's verdict, on the same number of draws
+    (:func:`stanvi.reference.diagnostics.stan_diagnostics`); on Stan's own draws when they
+    cannot be mapped to the unconstrained space."""
+    from stanvi.reference.diagnostics import stan_diagnostics  # noqa: PLC0415
+    from stanvi.targets.labelled import labelled_draws, reference_unconstrained  # noqa: PLC0415
+
+    unconstrained, _ = reference_unconstrained(target, labelled_draws(result.draws))
+    if unconstrained is None:
+        return result.diagnostics()
+    zeta = np.column_stack([unconstrained[n] for n in target.unconstrained_names])
+    return stan_diagnostics(result, target, zeta, seed)
+
+
 def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any]:
     """One row's figures (module docstring)."""
     from stanvi.evaluation.accuracy import marginal_accuracy  # noqa: PLC0415
@@ -179,7 +193,7 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
                                  + (result.density_evaluations or 0))
         row["seconds"] = float(result.wall_time)
         if result.has_proposal_density:
-            diag = result.diagnostics()
+            diag = _stan_verdict(result, target, seed)
             row.update(khat=float(diag.khat), verdict=diag.verdict)
             if method == "pathfinder":
                 ratio = np.asarray(result.log_p) - np.asarray(result.log_q)

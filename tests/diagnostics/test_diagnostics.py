@@ -386,7 +386,8 @@ def test_bernoulli_good_fit_is_not_unreliable_and_khat_is_stable_over_seeds():
         assert theta.mean() == pytest.approx(exact.mean(), rel=0.05)
         assert theta.std() == pytest.approx(exact.std(), rel=0.08)
         d = fit.diagnostics()
-        assert d.n_draws == 32000 and d.ess > 0.9 * d.n_draws
+        # 32000 draws first, more while k-hat's band is open (stanvi.diagnostics.verdict)
+        assert 32000 <= d.n_draws <= 256000 and d.ess > 0.9 * d.n_draws
         assert d.verdict != "unreliable", str(d)
         ks.append(d.khat)
         ses.append(d.khat_se)

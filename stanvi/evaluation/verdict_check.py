@@ -1,0 +1,138 @@
+"""Is the verdict right?  Its agreement with the truth over batch records that have reference
+draws, and its stability across seeds (issue T3-5 item 1; docs/diagnostics.md#checked).
+
+* **Against the truth.**  A fit is *off* when its standardized mean error (the median over
+  marginals of |mean_q − mean_ref| / sd_ref, :func:`stanvi.evaluation.accuracy.marginal_accuracy`)
+  exceeds ``OFF_MEAN_ERROR`` = 0.2.  The verdict, read as the ordinal score good < use with care
+  < unreliable, is scored by the area under its ROC curve (the Mann–Whitney probability that an
+  off fit gets a worse verdict than a fit that is not, ties counted a half; Hanley & McNeil
+  1982), with the confusion table per band.  k̂ alone is scored the same way for comparison.
+* **Across seeds.**  Among model–method pairs whose seeds' ELBOs (each fit's fresh diagnostic
+  estimate) agree within ``ELBO_AGREE`` = 0.1 nat, the fraction whose seeds all get the same
+  verdict.
+
+:func:`check` takes the fit records of a batch store (``stanvi batch --reference ...``;
+:class:`stanvi.batch.store.RunStore`); ``stanvi bench verdict --records DIR,...`` prints it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OFF_MEAN_ERROR = 0.2
+ELBO_AGREE = 0.1
+BANDS = ("good", "use with care", "unreliable")
+
+
+def roc_auc(score: Iterable[float], positive: Iterable[bool]) -> float:
+    """P(score of a positive > score of a negative) + ½ P(tie): the area under the ROC curve;
+    NaN without both classes."""
+    s = np.asarray(list(score), dtype=float)
+    y = np.asarray(list(positive), dtype=bool)
+    pos, neg = s[y], s[~y]
+    if not pos.size or not neg.size:
+        return math.nan
+    neg = np.sort(neg)
+    below = np.searchsorted(neg, pos, side="left")
+    ties = np.searchsorted(neg, pos, side="right") - below
+    return float((below.sum() + 0.5 * ties.sum()) / (pos.size * neg.size))
+
+
+def mean_error(record: dict[str, Any]) -> float | None:
+    """The record's standardized mean error against its reference (constrained draws), or None."""
+    acc = (record.get("accuracy") or {}).get("constrained") or {}
+    value = acc.get("mean_error_sd_median", record.get("mean_error_sd"))
+    return float(value) if value is not None and np.isfinite(value) else None
+
+
+def config(record: dict[str, Any]) -> str:
+    """method:profile:family, the configuration a record ran."""
+    return f"{record.get('method')}:{record.get('profile')}:{record.get('family')}"
+
+
+def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """ROC AUC of the verdict and of k̂, and the confusion table, over ``rows`` (records with a
+    verdict and a mean error)."""
+    off = [mean_error(r) > OFF_MEAN_ERROR for r in rows]
+    score = [BANDS.index(r["verdict"]) for r in rows]
+    khat = [r["khat"] if r.get("khat") is not None and np.isfinite(r["khat"]) else math.inf
+            for r in rows]
+    table = {band: {"off": 0, "not off": 0} for band in BANDS}
+    for r, is_off in zip(rows, off):
+        table[r["verdict"]]["off" if is_off else "not off"] += 1
+    return {"fits": len(rows), "off": int(sum(off)), "auc_verdict": roc_auc(score, off),
+            "auc_khat": roc_auc(khat, off), "confusion": table}
+
+
+def stability(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Model–method pairs with ≥ 2 seeds whose ELBOs agree within ``ELBO_AGREE``, and how many
+    of them got one verdict on every seed."""
+    by_pair: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("verdict") in BANDS:
+            by_pair[(r.get("model"), config(r))].append(r)
+    agreeing = same = 0
+    flipped = []
+    for (model, cfg), runs in sorted(by_pair.items()):
+        elbos = [r.get("elbo") for r in runs]
+        if len(runs) < 2 or any(e is None or not np.isfinite(e) for e in elbos):
+            continue
+        if max(elbos) - min(elbos) > ELBO_AGREE:
+            continue
+        agreeing += 1
+        verdicts = sorted({r["verdict"] for r in runs})
+        if len(verdicts) == 1:
+            same += 1
+        else:
+            flipped.append(f"{model} {cfg}: {', '.join(verdicts)}")
+    return {"pairs": agreeing, "same": same,
+            "fraction": same / agreeing if agreeing else math.nan, "flipped": flipped}
+
+
+def check(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`agreement` over every fit record with a verdict and a reference, and per
+    configuration; :func:`stability` over every fit record with a verdict."""
+    records = [r for r in records if r.get("verdict") in BANDS]
+    judged = [r for r in records if mean_error(r) is not None]
+    per = defaultdict(list)
+    for r in judged:
+        per[config(r)].append(r)
+    return {"all": agreement(judged), "by_config": {c: agreement(rs) for c, rs in sorted(per.items())},
+            "stability": stability(records)}
+
+
+def check_stores(dirs: list[str | Path]) -> dict[str, Any]:
+    """:func:`check` over the fit records of batch stores (``posteriordb_runs/records/<run>``)."""
+    from stanvi.batch.store import RunStore  # noqa: PLC0415
+
+    records: list[dict] = []
+    for d in dirs:
+        records += [r for r in RunStore(d).records("fit") if r.get("kind", "fit") == "fit"]
+    return check(records)
+
+
+def _line(label: str, a: dict[str, Any]) -> str:
+    return (f"{label:34s} {a['fits']:5d} {a['off']:5d}  {a['auc_verdict']:6.3f}  "
+            f"{a['auc_khat']:6.3f}   " + "  ".join(
+                f"{a['confusion'][b]['off']:4d}/{a['confusion'][b]['not off']:<4d}" for b in BANDS))
+
+
+def report_text(figures: dict[str, Any]) -> str:
+    """The figures for a person: one line per configuration, then the seeds' stability."""
+    head = (f"{'configuration':34s} {'fits':>5s} {'off':>5s}  {'AUC':>6s}  {'AUC k':>6s}   "
+            "good off/not  care off/not  unrel. off/not")
+    lines = [f"off: standardized mean error > {OFF_MEAN_ERROR} against the reference; AUC: "
+             "the verdict's (good < use with care < unreliable); AUC k: k-hat's", head]
+    lines += [_line(c, a) for c, a in figures["by_config"].items()]
+    lines.append(_line("all", figures["all"]))
+    st = figures["stability"]
+    lines.append(f"same verdict on every seed: {st['same']} of {st['pairs']} model-method pairs "
+                 f"whose ELBOs agree within {ELBO_AGREE} nat ({100 * st['fraction']:.0f}%)")
+    lines += [f"  flipped: {f}" for f in st["flipped"][:20]]
+    return "\n".join(lines)

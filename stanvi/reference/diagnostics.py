@@ -1,0 +1,75 @@
+"""Stan's variational results judged by stanvi's verdict: the same rule on the same number of
+draws (issue T3-5 item 1; docs/diagnostics.md#stan).
+
+Stan's ADVI and single-path Pathfinder report their draws with log p and their approximation's
+log density; Stan computes k̂ on those 1,000 draws against the threshold for 1,000, while a
+stanvi fit's verdict uses S_diag ≥ 4,000 draws, grown until k̂'s band is decided, and the PSIS
+mean shift (:mod:`stanvi.diagnostics.verdict`).  Both Stan approximations are Gaussians in the
+unconstrained space, and both can be recovered exactly from the output:
+
+* ADVI: :func:`stanvi.reference.advi.stan_advi_gaussian` (``log_g__ = −|η|²/2``);
+* Pathfinder: ``lp_approx__`` is log N(z; m, Σ) up to a constant, a quadratic in z whose
+  D(D+1)/2 + D + 1 coefficients least squares recovers from the draws (:func:`quadratic_gaussian`;
+  up to D = 43 with Stan's 1,000 draws).
+
+The recovered Gaussian is then drawn from exactly as a stanvi fit's q
+(:func:`stanvi.diagnostics.draws.gaussian_draws`).  Where it cannot be recovered (a larger
+Pathfinder model, a precision that is not positive definite), the verdict is computed on Stan's
+own draws, with the mean shift, and says so in a warning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stanvi.diagnostics.draws import diagnostic_draw_cap, diagnostic_draw_count, gaussian_draws
+from stanvi.diagnostics.report import Diagnostics, compute, decided_diagnostics
+
+
+def quadratic_gaussian(z: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(m, L) of the Gaussian whose log density, up to a constant, is ``log_q`` at the rows of
+    z: −2 log q = zᵀPz − 2 (Pm)ᵀz + c is linear in P's entries, b = Pm and c (least squares).
+    Raises ValueError when the draws are too few or P is not positive definite."""
+    z = np.asarray(z, dtype=float)
+    n, d = z.shape
+    rows, cols = np.triu_indices(d)
+    design = np.column_stack([z[:, rows] * z[:, cols] * np.where(rows == cols, 1.0, 2.0),
+                              -2.0 * z, np.ones(n)])
+    if n < design.shape[1] + 1:
+        raise ValueError(f"{n} draws cannot identify a {d}-dimensional Gaussian "
+                         f"(need {design.shape[1] + 1})")
+    coef = np.linalg.lstsq(design, -2.0 * np.asarray(log_q, dtype=float), rcond=None)[0]
+    precision = np.zeros((d, d))
+    precision[rows, cols] = coef[: rows.size]
+    precision[cols, rows] = coef[: rows.size]
+    try:
+        cov = np.linalg.inv(precision)
+        chol = np.linalg.cholesky(0.5 * (cov + cov.T))
+    except np.linalg.LinAlgError:
+        raise ValueError("the precision recovered from the draws is not positive definite") \
+            from None
+    return cov @ coef[rows.size: rows.size + d], chol
+
+
+def stan_diagnostics(fit, target, unconstrained: np.ndarray, seed: int = 0) -> Diagnostics:
+    """The verdict of Stan's ADVI or single-path Pathfinder (``fit``: a
+    :class:`~stanvi.reference.result.ReferenceFit`) by stanvi's rule (module docstring);
+    ``unconstrained``: its draws in unconstrained space (S, D), in draw order."""
+    from stanvi.reference.advi import stan_advi_gaussian  # noqa: PLC0415
+
+    zeta = np.asarray(unconstrained, dtype=float)
+    method = fit.algorithm
+    try:
+        if method == "stan-advi":
+            mean = np.asarray(target.unconstrain(fit.mean), dtype=float)
+            chol = stan_advi_gaussian(fit, zeta, mean)
+        else:
+            mean, chol = quadratic_gaussian(zeta, fit.log_q)
+    except ValueError as exc:
+        d = compute(fit.log_p, fit.log_q, method=method, z=zeta)
+        d.warnings.append(f"k-hat on Stan's own {len(zeta)} draws: its Gaussian could not be "
+                          f"recovered for fresh draws ({exc})")
+        return d
+    first = diagnostic_draw_count(zeta.shape[1], len(zeta))
+    return decided_diagnostics(gaussian_draws(target, mean, chol, seed), first,
+                               diagnostic_draw_cap(zeta.shape[1], first), method=method)
