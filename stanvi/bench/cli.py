@@ -16,7 +16,8 @@ def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
                                     "coldstart", "fullrank", "jointcv", "peers", "mlmcvi", "rb",
-                                    "qsgp", "local-optima", "advi-fidelity", "run-cpu"],
+                                    "qsgp", "local-optima", "advi-fidelity", "run-cpu",
+                                    "verdict"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -39,7 +40,10 @@ def add_bench_parser(sub) -> None:
                         "local-optima: does TrustVI certify a local optimum that ADVI or "
                         "Pathfinder beats by a nat (hmm_drive_0, mvn_orange, stagnant); "
                         "advi-fidelity: stanvi's ADVI against Stan's C++ ADVI, failures and eta "
-                        "over --seeds seeds on raw-unit regressions (--models)")
+                        "over --seeds seeds on raw-unit regressions (--models); "
+                        "verdict: how well the verdict separates fits whose means are off from "
+                        "the rest, and whether it holds across seeds, over the batch records of "
+                        "--records")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                    help="qsgp: the precision of QSGP's training loop in the step-time grid "
                         "(default float64)")
@@ -106,6 +110,9 @@ def add_bench_parser(sub) -> None:
                         "(default sonar,australian); mlmcvi: the last level T (5000 means the "
                         "default, 1000), --models among hlr,blr,logistic_regression,"
                         "hierarchical_radon (default all)")
+    p.add_argument("--records", default=None,
+                   help="verdict: comma-separated batch runs directories (stanvi batch --out) "
+                        "whose fits have reference draws")
     p.set_defaults(func=run_bench)
 
 
@@ -170,6 +177,14 @@ def run_bench(args: argparse.Namespace) -> int:
                             seeds=args.seeds, configs=configs,
                             output=Path(args.output) if args.output else None,
                             optima_dir=Path(args.optima_dir) if args.optima_dir else None)
+        return 0
+    if args.what == "verdict":
+        from stanvi.evaluation.verdict_check import check_stores, report_text  # noqa: PLC0415
+
+        if not args.records:
+            raise SystemExit("stanvi bench verdict: --records DIR[,DIR...] is required (batch "
+                             "runs directories with reference draws)")
+        print(report_text(check_stores(args.records.split(","))))
         return 0
     if args.what == "run-cpu":
         from stanvi.bench import run_cpu  # noqa: PLC0415

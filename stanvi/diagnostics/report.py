@@ -72,12 +72,11 @@ from stanvi.diagnostics.draws import (can_draw, diagnostic_draw_cap, diagnostic_
                                      diagnostic_log_densities)
 from stanvi.diagnostics.psis import MIN_DRAWS, importance_ess, psis, resample_indices
 from stanvi.diagnostics.verdict import (MEAN_SHIFT_LIMIT, collapsed_coordinates, mean_shift,
-                                        open_boundaries, ratio_scale, sample_until_decided)
+                                        open_boundaries, ratio_scale, sample_until_decided,
+                                        shift_figures, VERDICT_TEXT)
 
-# Re-exported from their own modules, as they were defined here before and callers and tests
-# import them from this one.
-from stanvi.diagnostics.draws import DIAG_MAX_DRAWS, DIAG_MIN_DRAWS, DIAG_WORK  # noqa: F401
-from stanvi.diagnostics.psis import log_sum_exp, gpdfit, psislw, tail_draws  # noqa: F401
+# re-exported: defined here before, and the tests import them from this module
+from stanvi.diagnostics.psis import log_sum_exp, psislw  # noqa: F401
 
 VERDICTS = ("good", "use with care", "unreliable")
 GOOD_K = 0.5  # Yao et al. 2018: below 0.5 the approximation is close to the posterior
@@ -143,10 +142,10 @@ class Diagnostics:
         warnings: what a user should know before using the fit.
         resampled: when asked for, the PSIS-resampled draws (constrained, by variable name);
             ``resampled_indices`` says which output draws they are.
-        borderline: k̂'s band was still undecided at the most diagnostic draws
-            (:mod:`stanvi.diagnostics.verdict`): the verdict is the point estimate's.
+        borderline: k̂'s band was still open at the most draws (:mod:`stanvi.diagnostics.verdict`).
         mean_shift: the largest PSIS shift of q's mean over the unconstrained coordinates, in
-            sds of q (NaN without the draws); ``mean_shift_at``: its coordinate.
+            sds of q (NaN without the draws); ``mean_shift_at``: its coordinate; ``shifts``
+            and ``sd_ratios``: per coordinate, the shift and the PSIS-weighted sd over q's.
     """
 
     khat: float
@@ -173,6 +172,8 @@ class Diagnostics:
     borderline: bool = False
     mean_shift: float = math.nan
     mean_shift_at: int = -1
+    shifts: np.ndarray | None = field(default=None, repr=False)
+    sd_ratios: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def reliable(self) -> bool:
@@ -206,14 +207,18 @@ class Diagnostics:
         line = (f"{self.method or 'fit'} {stop}: Pareto k-hat {self._khat_text()} "
                 f"(threshold {self.threshold:.2f}, {self.n_draws} draws) -> {self.verdict}; "
                 f"importance ESS {self.ess:.0f}/{self.n_draws}")
+        if self.mean_shift > MEAN_SHIFT_LIMIT:
+            line += f"; PSIS moves q's mean by {self.mean_shift:.2f} of its sd"
         if self.n_failed:
             line += "; " + self._failed_text()
         return line
 
     def verdict_figures(self) -> dict[str, Any]:
         """What the verdict was decided from (a batch record keeps them: docs/diagnostics.md#checked)."""
-        return {"n_draws": self.n_draws, "threshold": self.threshold, "borderline": self.borderline,
-                "mean_shift": self.mean_shift, "failed_fraction": self.failed_fraction}
+        return {"n_draws": self.n_draws, "threshold": self.threshold,
+                "borderline": self.borderline, "mean_shift": self.mean_shift,
+                "failed_fraction": self.failed_fraction,
+                **shift_figures(self.shifts, self.sd_ratios)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"khat": self.khat, "threshold": self.threshold, "verdict": self.verdict,
@@ -229,7 +234,7 @@ class Diagnostics:
         lines = [
             f"Pareto k-hat:     {self._khat_text()}   (threshold {self.threshold:.2f} for "
             f"S = {self.n_draws} draws)",
-            f"verdict:          {self.verdict}   ({_VERDICT_TEXT[self.verdict]})",
+            f"verdict:          {self.verdict}   ({VERDICT_TEXT[self.verdict]})",
             f"failed draws:     {self.n_failed} of {self.n_draws} "
             f"({100.0 * self.failed_fraction:.2f}%; above {100 * MAX_FAILED_FRACTION:.0f}%: "
             f"unreliable)" + (f': "{self.failure_message}"' if self.failure_message else ""),
@@ -242,14 +247,6 @@ class Diagnostics:
         ]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
-
-
-_VERDICT_TEXT = {
-    "good": "k-hat <= 0.5: q is close to the posterior",
-    "use with care": "q is usable, PSIS-reweighted estimates are reliable",
-    "unreliable": "k-hat above the threshold or over 1% of q's draws fail: q misses posterior "
-                  "mass or puts mass where the posterior has none; do not trust it",
-}
 
 
 def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: str = "",
@@ -297,7 +294,8 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
             elbo_se = float(fin.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
     tau = khat_threshold(n)
     v = verdict(k, n, frac)
-    shifts = mean_shift(z, lw_diag) if z is not None and np.ndim(z) == 2 and n else None
+    shifts, sd_ratios = (mean_shift(z, lw_diag) if z is not None and np.ndim(z) == 2 and n
+                         else (None, None))
     shift = float(np.max(shifts)) if shifts is not None and np.isfinite(shifts).any() else math.nan
     if shift > MEAN_SHIFT_LIMIT and v != "unreliable":
         v = "unreliable"
@@ -342,7 +340,8 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
                        log_weights=lw, log_ratios=r, status=status, message=message, method=method,
                        warnings=warns, khat_se=khat_standard_error(float(k), n),
                        failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out,
-                       borderline=borderline, mean_shift=shift,
+                       borderline=borderline, mean_shift=shift, shifts=shifts,
+                       sd_ratios=sd_ratios,
                        mean_shift_at=int(np.nanargmax(shifts)) if np.isfinite(shift) else -1)
 
 def decided_diagnostics(draw, first: int, cap: int, **kwargs) -> Diagnostics:

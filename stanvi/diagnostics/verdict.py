@@ -40,6 +40,15 @@ DECISION_Z = 1.645
 MEAN_SHIFT_LIMIT = 0.1
 GOOD_K = 0.5
 
+VERDICT_TEXT = {
+    "good": "k-hat <= 0.5: q is close to the posterior",
+    "use with care": "q is usable, PSIS-reweighted estimates are reliable",
+    "unreliable": "k-hat above the threshold, importance weighting moves q's mean by more "
+                  f"than {MEAN_SHIFT_LIMIT} of its sd, or over 1% of q's draws fail: q misses "
+                  "posterior mass, is off, or puts mass where the posterior has none; do not "
+                  "trust it",
+}
+
 
 def boundaries(threshold: float) -> tuple[float, float]:
     """The band boundaries: min(0.5, τ) between 'good' and 'use with care', τ above."""
@@ -99,19 +108,38 @@ def sample_until_decided(draw: Callable[[int, int], DiagnosticSample], first: in
         parts.append(draw(min(n, cap - n), len(parts)))
 
 
-def mean_shift(z: np.ndarray, log_weights: np.ndarray) -> np.ndarray:
-    """|Σ w_s z_s − z̄| / sd(z) per coordinate (module docstring); NaN where no weight is
-    finite; coordinates along which the draws do not vary get 0."""
+def mean_shift(z: np.ndarray, log_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per coordinate, |Σ w_s z_s − z̄| / sd(z) (module docstring) and the ratio of the
+    PSIS-weighted sd to the plain one (the shift in the posterior's sd, as importance sampling
+    estimates it, is their quotient); NaN where no weight is finite; coordinates along which
+    the draws do not vary get shift 0 and ratio 1."""
     z = np.asarray(z, dtype=float)
     w = np.exp(np.asarray(log_weights, dtype=float))
     w = np.where(np.isfinite(w), w, 0.0)
     ok = np.isfinite(z).all(axis=1) & (w > 0)
     if not ok.any():
-        return np.full(z.shape[1], np.nan)
+        return np.full(z.shape[1], np.nan), np.full(z.shape[1], np.nan)
     zs, w = z[ok], w[ok] / w[ok].sum()
     sd = zs.std(axis=0)
-    shift = np.abs(w @ zs - zs.mean(axis=0))
-    return np.where(sd > 0, shift / np.where(sd > 0, sd, 1.0), 0.0)
+    weighted_mean = w @ zs
+    weighted_sd = np.sqrt(np.maximum(w @ (zs - weighted_mean) ** 2, 0.0))
+    varies = sd > 0
+    safe = np.where(varies, sd, 1.0)
+    shift = np.where(varies, np.abs(weighted_mean - zs.mean(axis=0)) / safe, 0.0)
+    return shift, np.where(varies, weighted_sd / safe, 1.0)
+
+
+def shift_figures(shifts: np.ndarray | None, sd_ratios: np.ndarray | None) -> dict[str, float]:
+    """Summaries of the per-coordinate shifts (:func:`mean_shift`) a batch record keeps: the
+    median shift, the shift in units of the PSIS-weighted sd (largest, median) and the
+    smallest and largest sd ratio; empty without finite shifts."""
+    if shifts is None or not np.isfinite(shifts).any():
+        return {}
+    in_weighted_sd = shifts / np.where(sd_ratios > 0, sd_ratios, np.nan)
+    return {"mean_shift_median": float(np.nanmedian(shifts)),
+            "shift_in_weighted_sd_max": float(np.nanmax(in_weighted_sd)),
+            "shift_in_weighted_sd_median": float(np.nanmedian(in_weighted_sd)),
+            "sd_ratio_min": float(np.nanmin(sd_ratios)), "sd_ratio_max": float(np.nanmax(sd_ratios))}
 
 
 def collapsed_coordinates(fit) -> list[int]:

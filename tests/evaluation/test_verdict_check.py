@@ -1,0 +1,41 @@
+"""The verdict's check against reference draws and across seeds (stanvi.evaluation.verdict_check)."""
+
+import math
+
+import pytest
+
+from stanvi.evaluation.verdict_check import check, report_text, roc_auc
+
+
+def test_roc_auc_exact_values():
+    assert roc_auc([3, 2, 1, 0], [True, True, False, False]) == 1.0
+    assert roc_auc([0, 1, 2, 3], [True, True, False, False]) == 0.0
+    # ties count a half: one positive tied with both negatives, the other above both
+    assert roc_auc([1, 2, 1, 1], [True, True, False, False]) == pytest.approx(0.75)
+    assert math.isnan(roc_auc([1, 2], [True, True]))
+
+
+def _rec(model, seed, verdict, error, elbo, khat=0.3, method="trustvi"):
+    return {"model": model, "method": method, "profile": "default", "family": "meanfield",
+            "seed": seed, "verdict": verdict, "khat": khat, "elbo": elbo,
+            "accuracy": {"constrained": {"mean_error_sd_median": error}}}
+
+
+def test_check_counts_the_confusion_table_and_the_seeds_that_flip():
+    records = [_rec("a", 0, "good", 0.05, -10.0), _rec("a", 1, "good", 0.06, -10.05),
+               _rec("b", 0, "unreliable", 0.5, -3.0, 0.9), _rec("b", 1, "use with care", 0.4, -3.02, 0.6),
+               _rec("c", 0, "unreliable", 0.1, -7.0), _rec("c", 1, "good", 0.1, -7.5),
+               {"model": "d", "verdict": "good", "seed": 0}]      # no reference: stability only
+    figs = check(records)
+    a = figs["all"]
+    assert a["fits"] == 6 and a["off"] == 2
+    assert a["confusion"]["good"] == {"off": 0, "not off": 3}
+    assert a["confusion"]["use with care"] == {"off": 1, "not off": 0}
+    assert a["confusion"]["unreliable"] == {"off": 1, "not off": 1}
+    # off fits' scores (2, 1) against the others' (0, 0, 2, 0): 3 wins and a tie, then 3 wins
+    assert a["auc_verdict"] == pytest.approx((3.5 + 3) / 8)
+    st = figs["stability"]
+    assert st["pairs"] == 2 and st["same"] == 1        # c's ELBOs differ by 0.5: left out
+    assert st["flipped"] == ["b trustvi:default:meanfield: unreliable, use with care"]
+    text = report_text(figs)
+    assert "same verdict on every seed: 1 of 2" in text and "trustvi:default:meanfield" in text
