@@ -177,7 +177,10 @@ def _diagnostics_from(ds, method: str) -> Diagnostics:
         failure_message=str(a.get("failure_message", "")),
         n_output_draws=int(a.get("n_output_draws", 0)), status=str(a.get("status", "")),
         message=str(a.get("message", "")), method=str(a.get("method", method)),
-        warnings=list(json.loads(a.get("warnings", "[]"))))
+        warnings=list(json.loads(a.get("warnings", "[]"))),
+        borderline=bool(a.get("borderline", False)),
+        mean_shift=float(a.get("mean_shift", math.nan)),
+        mean_shift_at=int(a.get("mean_shift_at", -1)))
 
 
 def _options_from(method: str, profile: str, stored: dict) -> Any:

@@ -179,7 +179,7 @@ def run_bench(args: argparse.Namespace) -> int:
                             optima_dir=Path(args.optima_dir) if args.optima_dir else None)
         return 0
     if args.what == "verdict":
-        from stanvi.evaluation.verdict_check import check_stores, report_text  # noqa: PLC0415
+        from stanvi.batch.verdict_check import check_stores, report_text  # noqa: PLC0415
 
         if not args.records:
             raise SystemExit("stanvi bench verdict: --records DIR[,DIR...] is required (batch "

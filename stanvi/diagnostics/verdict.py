@@ -22,7 +22,7 @@ records, docs/diagnostics.md#checked):
   largest value over the unconstrained coordinates, above ``MEAN_SHIFT_LIMIT`` = 0.2, makes
   the verdict "unreliable" (Yao et al. 2018 §3 report the PSIS-corrected estimate for this
   reason; here its distance from q's own is the alarm).  0.2 is the error the check against
-  reference draws calls "off" (:mod:`stanvi.evaluation.verdict_check`), chosen before looking
+  reference draws calls "off" (:mod:`stanvi.batch.verdict_check`), chosen before looking
   at the records, not fitted to them; a smaller limit (0.1 was tried first) flipped eight
   schools' mean-field verdict from seed to seed (shifts 0.09–0.13 in log τ, whose mean is
   0.18–0.22 posterior sd off while the median over marginals is 0.06).

@@ -1,10 +1,10 @@
-"""The verdict's check against reference draws and across seeds (stanvi.evaluation.verdict_check)."""
+"""The verdict's check against reference draws and across seeds (stanvi.batch.verdict_check)."""
 
 import math
 
 import pytest
 
-from stanvi.evaluation.verdict_check import check, report_text, roc_auc
+from stanvi.batch.verdict_check import check, report_text, roc_auc
 
 
 def test_roc_auc_exact_values():
