@@ -11,11 +11,20 @@ threw) is dropped and redrawn as Stan's ``calc_grad`` does (:func:`collect_valid
 gives a non-finite or non-positive-definite Σ is rejected (q stays as it was, as the authors'
 code reverts such updates); ``max_rejects`` rejections in a row end the run as 'failed'.
 
-Stopping rule (the papers run a fixed number of iterations; docs/methods.md#score-stopping):
-after each iteration, the KL divergence between consecutive approximations,
-KL(q_{t+1} ‖ q_t), in closed form — a step measured in q's own scale, free of the model's units
-and costing no model evaluation.  The run has converged when it stays at or below
-``tol_kl``·D nats for ``window`` consecutive iterations; otherwise it ends at ``max_iters``.
+Stopping rule (the papers run a fixed number of iterations; docs/methods.md#score-stopping),
+two tests that cost no model evaluation, both of which must pass:
+
+* q has stopped moving: the KL divergence between consecutive approximations,
+  KL(q_{t+1} ‖ q_t), in closed form — a step measured in q's own scale, free of the model's
+  units — is at most ``tol_kl``·D nats at each of the last ``window`` iterations;
+* q has stopped improving: the ELBO estimates that the batches give for free (the mean of
+  log p(z_b) + H(q_t) over the batch) show no significant gain between the last ``n_e``
+  iterations and the ``n_e`` before (gain ≤ 2 standard errors, from the spread of the
+  per-iteration estimates), with n_e = max(``window``, ⌈``elbo_draws``/B⌉).
+
+The second test keeps the first from stopping a run whose steps are small but steady (GSM
+shrinking a too-wide q₀ a little at each step); the first keeps the second from stopping a run
+that still jumps about.  Otherwise the run ends at ``max_iters``.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import numpy as np
 from stanvi.estimators.elbo import GradientFailure, collect_valid
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
+from stanvi.methods.warm_start import laplace_start
 
 #: update(μ, Σ, z (B, D), g (B, D), iteration) -> (μ', Σ', extra trace fields)
 Update = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int],
@@ -46,6 +56,7 @@ class ScoreState(NamedTuple):
     small: int = 0
     rejects: int = 0
     n_rejected: int = 0
+    elbos: tuple = ()
 
 
 def check_family(family, method: str) -> None:
@@ -59,15 +70,22 @@ def check_family(family, method: str) -> None:
             f"no low-rank family yet.)")
 
 
-def batch_size(requested: int | None, dim: int) -> int:
-    """B: the option when given, else D clipped to [8, 64] (B ≥ D makes the batch covariance
-    of the draws full rank, which BaM's analysis of Gaussian targets assumes; 64 bounds the cost
-    of one iteration at large D)."""
-    if requested is not None:
-        if int(requested) < 1:
-            raise ValueError(f"batch_size must be at least 1, got {requested}")
-        return int(requested)
-    return int(min(max(dim, 8), 64))
+def batch_size(requested: int) -> int:
+    """B, checked: at least one draw."""
+    if int(requested) < 1:
+        raise ValueError(f"batch_size must be at least 1, got {requested}")
+    return int(requested)
+
+
+def elbo_flat(elbos: tuple, n: int) -> tuple[bool, float, float]:
+    """The ELBO half of the stopping rule (module docstring): (no significant gain, gain,
+    its standard error) from the last 2n per-iteration estimates; False while fewer."""
+    if len(elbos) < 2 * n:
+        return False, math.nan, math.nan
+    prev, last = np.asarray(elbos[-2 * n:-n]), np.asarray(elbos[-n:])
+    gain = float(last.mean() - prev.mean())
+    se = float(math.sqrt((last.var(ddof=1) + prev.var(ddof=1)) / n)) if n > 1 else math.inf
+    return bool(gain <= 2.0 * se), gain, se
 
 
 def gaussian_kl(mu1: np.ndarray, cov1: np.ndarray, mu0: np.ndarray, cov0: np.ndarray) -> float:
@@ -114,22 +132,34 @@ def score_batch(est, params: np.ndarray, mu: np.ndarray, lower: np.ndarray, key:
     return mu + eps @ lower.T, g, values, evaluated
 
 
-def run_score_method(method: str, update: Update, family, *, key: jax.Array, options,
+def run_score_method(method: str, update: Update, target, family, *, key: jax.Array, options,
                      context: RunContext) -> MethodResult:
     """The loop of a score-based method (module docstring): from μ₀ (the ``init`` rule) and
-    Σ₀ = exp(2·``log_scale0``) I, iterations of batch → update → stopping rule."""
+    Σ₀ = exp(2·``log_scale0``) I, or with ``warm_start='laplace'`` from the Laplace
+    approximation at the mode when its ELBO is higher (:func:`laplace_start`), iterations of
+    batch → update → stopping rule."""
     o = options
     check_family(family, method)
     est = context.estimator
     dim = family.dim
-    B = batch_size(o.batch_size, dim)
+    B = batch_size(o.batch_size)
     mu0, _ = context.initial_mean(o.init)
     cov0 = math.exp(2.0 * o.log_scale0) * np.eye(dim)
-    state = ScoreState(family.params_from_moments(mu0, cov0), np.asarray(mu0, float), cov0)
+    params0 = family.params_from_moments(mu0, cov0)
     ledger = OracleLedger()
+    info: dict = {}
+    if o.warm_start == "laplace" and target is not None:
+        # the L-BFGS mode and the Hessian there, kept if its ELBO beats q₀'s (warm_start.py)
+        params0, info = laplace_start(target, family, est, mu0, params0,
+                                      key=purpose_key(key, 0, "init"), ledger=ledger,
+                                      log_scale0=o.log_scale0)
+        lower = family.lower_factor(params0)
+        mu0, cov0 = np.asarray(family.mean(params0), dtype=float), lower @ lower.T
+    state = ScoreState(params0, np.asarray(mu0, dtype=float), cov0)
     trace = Trace(compile_clock=compile_clock(est))
     trace.record(0, state.params, ledger)
     tol = None if o.tol_kl is None else o.tol_kl * dim
+    n_elbo = max(o.window, math.ceil(o.elbo_draws / B))
 
     def step(s: ScoreState, k: int) -> StepOutcome:
         lower = np.linalg.cholesky(s.cov)
@@ -145,11 +175,14 @@ def run_score_method(method: str, update: Update, family, *, key: jax.Array, opt
         ledger.redrawn(evaluated - B)
         mu_new, cov_new, extra = update(s.mu, s.cov, z, g, k)
         cov_new = symmetric_pd(cov_new) if np.all(np.isfinite(mu_new)) else None
-        row = dict(elbo=float(np.mean(values)), **extra)
+        elbo = float(np.mean(values))
+        elbos = (s.elbos + (elbo,))[-2 * n_elbo:]
+        row = dict(elbo=elbo, **extra)
         if cov_new is None:
             rejects = s.rejects + 1
             row.update(kl_step=math.nan, rejected=1)
-            new = s._replace(small=0, rejects=rejects, n_rejected=s.n_rejected + 1)
+            new = s._replace(small=0, rejects=rejects, n_rejected=s.n_rejected + 1,
+                             elbos=elbos)
             stop = None
             if rejects >= o.max_rejects:
                 stop = ("failed", f"{rejects} updates in a row gave a covariance that is not "
@@ -158,16 +191,19 @@ def run_score_method(method: str, update: Update, family, *, key: jax.Array, opt
         kl = gaussian_kl(mu_new, cov_new, s.mu, s.cov)
         small = s.small + 1 if tol is not None and kl <= tol else 0
         new = ScoreState(family.params_from_moments(mu_new, cov_new), mu_new, cov_new, small,
-                         0, s.n_rejected)
+                         0, s.n_rejected, elbos)
         row.update(kl_step=kl, rejected=0)
         stop = None
         if tol is not None and small >= o.window:
-            stop = ("converged", f"KL(q_t+1 ‖ q_t) ≤ tol_kl·D = {tol:.3g} nats for "
-                                 f"{o.window} consecutive iterations")
+            flat, gain, se = elbo_flat(elbos, n_elbo)
+            if flat:
+                stop = ("converged", f"KL(q_t+1 ‖ q_t) ≤ tol_kl·D = {tol:.3g} nats for "
+                                     f"{o.window} consecutive iterations, and the ELBO gained "
+                                     f"{gain:.3g} ± {se:.2g} over the last {n_elbo} iterations")
         return StepOutcome(new, row, stop, {"kl_step": kl})
 
     state, k, status, message = iterate(step, state, max_iters=o.max_iters, trace=trace,
                                         ledger=ledger, context=context)
-    info = {"batch_size": B, "rejected_updates": state.n_rejected, "iterations": k}
+    info.update(batch_size=B, rejected_updates=state.n_rejected, iterations=k)
     return MethodResult(params=state.params, trace=trace, ledger=ledger, status=status,
                         message=message, info=info)
