@@ -79,6 +79,7 @@ PROFILES: dict[str, dict] = {
 DEFAULT_PROFILE = "default"
 ESTIMATOR = "reparameterization"   # only its values_and_model_grads (scores at draws) is used
 HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
+FAMILIES_SUPPORTED = ("fullrank",)   # a dense N(μ, Σ) (batch runs plan only these families)
 
 
 def learning_rate(o: Options, t: int, B: int, dim: int) -> float:

@@ -67,6 +67,7 @@ PROFILES: dict[str, dict] = {
 DEFAULT_PROFILE = "default"
 ESTIMATOR = "reparameterization"   # only its values_and_model_grads (scores at draws) is used
 HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
+FAMILIES_SUPPORTED = ("fullrank",)   # a dense N(μ, Σ) (batch runs plan only these families)
 
 
 def gsm_update(mu: np.ndarray, cov: np.ndarray, z: np.ndarray,

@@ -259,3 +259,20 @@ def test_cli_fit_method_bam(compiled, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "bam" in proc.stdout and "tau" in proc.stdout
     assert list(tmp_path.glob("*-bam-fullrank-seed2.csv"))
+
+
+def test_batch_plans_bam_and_gsm_on_the_fullrank_family_only():
+    """``stanvi batch --methods bam`` with only mean-field refuses before any work; with both
+    families, bam and gsm get full-rank tasks only and the other methods both."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from stanvi.batch.runner import BatchConfig, check_config, plan  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="'bam' fits the fullrank family only"):
+        check_config(BatchConfig(methods=(("bam", None),), families=("meanfield",)))
+    config = BatchConfig(methods=(("bam", None), ("gsm", "paper"), ("advi", None)),
+                         families=("meanfield", "fullrank"), seeds=1)
+    check_config(config)
+    tasks = [(spec.method, spec.family) for _, spec in plan([SimpleNamespace(name="m")], config)]
+    assert tasks == [("bam", "fullrank"), ("gsm", "fullrank"), ("advi", "meanfield"),
+                     ("advi", "fullrank")]
