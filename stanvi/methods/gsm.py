@@ -14,8 +14,9 @@ Algorithm 1 and the update it derives; here with d = μ_t − z):
 
 With a batch of B draws, the updates of the draws are averaged (Algorithm 1's batch form):
 μ_{t+1} = mean_b μ'_b, Σ_{t+1} = mean_b Σ'_b.  There is no learning rate.  A Gaussian target is a
-fixed point (then Σ_t g = −(z − μ*) and ε = 0 when q_t = p), and the paper shows that GSM
-reaches a Gaussian target exactly after finitely many steps in exact arithmetic.  Σ' is a rank-two
+fixed point (then Σ_t g = −(z − μ*) and ε = 0 when q_t = p), and on Gaussian targets the
+iterates reach it quickly (the paper's experiments; here a correlated D = 10 Gaussian to 1e-6
+relative error in 300 iterations of B = 10, tests/methods/test_bam_gsm.py).  Σ' is a rank-two
 change of Σ_t and can lose positive definiteness in floating point: such an update is rejected
 (:mod:`stanvi.methods.score_vi`), as the authors' code reverts it.
 """
