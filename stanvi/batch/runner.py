@@ -72,6 +72,10 @@ def check_config(config: BatchConfig) -> None:
             check_reference_method(method, profile, options)
         else:
             make_options(get_method(method), profile, options)
+            if not _families_for(method, config.families):
+                only = get_method(method).FAMILIES_SUPPORTED
+                raise ValueError(f"method {method!r} fits the {' or '.join(only)} family only: "
+                                 f"add it to --family (e.g. --family meanfield,{only[0]})")
     bad = [f for f in config.families if f not in ("meanfield", "fullrank")]
     if bad:
         raise ValueError(f"unknown family {bad[0]!r}; choose meanfield or fullrank")
@@ -89,12 +93,23 @@ def plan(cases: Iterable[ModelCase], config: BatchConfig) -> list[tuple[ModelCas
     for case in cases:
         for method, profile in config.methods:
             # Stan's Pathfinder and NUTS have no family choice: one task per seed.
-            families = (NO_FAMILY,) if method in ("pathfinder", "nuts") else config.families
+            families = ((NO_FAMILY,) if method in ("pathfinder", "nuts")
+                        else _families_for(method, config.families))
             for family in families:
                 for seed in range(config.seeds):
                     out.append((case, FitSpec(case.name, method, family, profile, seed,
                                               dict(config.options.get(method, {})))))
     return out
+
+
+def _families_for(method: str, families: tuple[str, ...]) -> tuple[str, ...]:
+    """The batch's families that ``method`` fits: all of them, or for a method that names the
+    families it supports (``FAMILIES_SUPPORTED``: bam and gsm fit the full-rank family only)
+    those among them."""
+    from stanvi.methods import METHODS  # noqa: PLC0415
+
+    only = getattr(METHODS.get(method), "FAMILIES_SUPPORTED", None)
+    return tuple(f for f in families if only is None or f in only)
 
 
 def _dim_limit(config: BatchConfig, family: str) -> int | None:

@@ -39,6 +39,10 @@ UNSUPPORTED = {
     "trustvi": "TrustVI needs Hessian-vector products of the ELBO on fixed draws; the mixture's "
                "ELBO depends on the discrete component choice, whose gradient is a "
                "score-function (Rao-Blackwellized) estimate with no HVP on fixed draws",
+    "bam": "BaM updates the mean and covariance of one full-rank Gaussian in closed form "
+           "(family='fullrank' only)",
+    "gsm": "GSM updates the mean and covariance of one full-rank Gaussian in closed form "
+           "(family='fullrank' only)",
     "hfsgvi": "HFSGVI (Hessian-free Newton) needs Hessian-vector products of the ELBO on fixed "
               "draws, which the mixture's discrete component choice does not have",
     "jointcv": "the joint control variate (docs/jointcv.md#joint-estimator) is a "

@@ -57,7 +57,7 @@ QUICK_ENOUGH = 1.0
 ELBO_DRAWS = 4000
 #: How tables name methods and families (here and in the batch report, stanvi.batch.recommend).
 METHOD_NAMES = {"trustvi": "TrustVI", "advi": "ADVI", "hfsgvi": "HFSGVI", "jointcv": "jointcv",
-                "mlmcvi": "MLMCVI", "stan-advi": "Stan's ADVI", "pathfinder": "Pathfinder",
+                "mlmcvi": "MLMCVI", "bam": "BaM", "gsm": "GSM", "stan-advi": "Stan's ADVI", "pathfinder": "Pathfinder",
                 "nuts": "NUTS"}
 FAMILY_NAMES = {"meanfield": "mean-field", "fullrank": "full-rank", "mixture": "mixture"}
 

@@ -243,6 +243,20 @@ class FullRank(FullRankHostMath, GaussianDefaults):
             vech[rows == cols] = np.log(vech[rows == cols])
         return np.concatenate([np.asarray(mu, dtype=float), vech])
 
+    def params_from_moments(self, mu: np.ndarray, cov: np.ndarray) -> np.ndarray:
+        """λ for N(μ, Σ) with L = chol(Σ) (Σ symmetrized first); raises
+        ``np.linalg.LinAlgError`` when Σ is not positive definite.  The family's answer to a
+        method that updates (μ, Σ) in closed form (methods bam and gsm, docs/methods.md#bam)."""
+        cov = np.asarray(cov, dtype=float)
+        L = np.linalg.cholesky(0.5 * (cov + cov.T))
+        if not np.all(np.isfinite(L)):
+            raise np.linalg.LinAlgError("non-finite Cholesky factor")
+        rows, cols = self._tril()
+        vech = L[rows, cols].copy()
+        if self.diagonal == "log":
+            vech[rows == cols] = np.log(vech[rows == cols])
+        return np.concatenate([np.asarray(mu, dtype=float), vech])
+
     def factored_rows(self, params: np.ndarray, g: np.ndarray, eps: np.ndarray,
                       entropy_grad: np.ndarray) -> FullRankRows:
         """The per-draw ELBO gradients (n, P) in factored form, O(nD) memory

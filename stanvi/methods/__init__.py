@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from stanvi.methods import advi, hfsgvi, jointcv, mlmcvi, trustvi
+from stanvi.methods import advi, bam, gsm, hfsgvi, jointcv, mlmcvi, trustvi
 
 METHODS: dict[str, ModuleType] = {"trustvi": trustvi, "advi": advi, "hfsgvi": hfsgvi,
-                                  "jointcv": jointcv, "mlmcvi": mlmcvi}
+                                  "jointcv": jointcv, "mlmcvi": mlmcvi, "bam": bam, "gsm": gsm}
 """``stanvi.fit(method=name)`` → the module that implements it."""
 
 GP_METHODS = ("qsgp", "exact", "svi")
