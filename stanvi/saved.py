@@ -252,6 +252,7 @@ def read(path: str | os.PathLike) -> SavedFit:
         ds = _group(tree, g)
         if ds is not None:
             data.update({k: np.asarray(ds[k].values) for k in ds.data_vars})
+            data.update({k: np.asarray(v) for k, v in json.loads(ds.attrs.get("sizes", "{}")).items()})
     if "unconstrained_draws" in approx:
         unconstrained = np.asarray(approx["unconstrained_draws"].values, dtype=float)
     else:

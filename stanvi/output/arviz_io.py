@@ -22,9 +22,17 @@ Groups:
 * ``vi_approximation``: the final variational parameters (flat), and the mean and marginal sd of
   q in unconstrained space.
 
-Root attributes (also on ``posterior``): ``inference_library = "stanvi"``, its version, method,
-family, profile, options (JSON), seed, status and message, oracle counts, wall/compile/setup
-time, iterations, and the diagnostics (Pareto k-hat, its threshold, the verdict, IS ESS, ELBO).
+Dims: one rule in every group (:mod:`stanvi.output.arviz_dims`): the size a Stan declaration
+names (``array[J] real sigma`` and ``vector[J] theta`` both get dim ``J``), else
+``{name}_dim_{i}``.  A size given as data (``int J``) is the length of its dim, so it is not also
+a ``constant_data`` variable (xarray cannot hold a variable and a dim of one name); its value is
+in ``constant_data``'s ``sizes`` attribute (JSON), and :func:`stanvi.read` puts it back.
+
+Attributes: once, on the root: ``inference_library = "stanvi"``, its version, method, family,
+profile, options (JSON), seed, status and message, oracle counts, wall/compile/setup time,
+iterations, and the diagnostics (Pareto k-hat, its threshold, the verdict, IS ESS, ELBO); every
+group says ``inference_library = "stanvi"`` and nothing more (besides ArviZ's own
+``created_at`` …; ``constant_data``: ``sizes``).
 """
 
 from __future__ import annotations
@@ -38,8 +46,8 @@ import numpy as np
 
 from stanvi.errors import require_extra
 from stanvi.output.arviz_attrs import attr_value, fit_attrs, trace_columns
-
-SAMPLE_DIMS = ("chain", "draw")
+from stanvi.output.arviz_dims import (SAMPLE_DIMS, default_coords, group_attrs, resolve_dims,
+                                      split_sizes)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -71,34 +79,6 @@ def _regroup_flat(draws: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(draws)
     flat = np.column_stack([np.asarray(draws[n]) for n in names])
     return {v.name: v.extract(flat) for v in variables}
-
-
-def _resolve_dims(values: Mapping[str, np.ndarray], declared: Mapping[str, tuple], n_lead: int,
-                  user_dims: Mapping[str, list[str]] | None) -> dict[str, list[str]]:
-    """Dim names for each variable's non-sample axes: the user's, else the program's size names
-    where they are consistent, else ``{name}_dim_{i}``."""
-    out: dict[str, list[str]] = {}
-    sizes: dict[str, int] = {}
-    names_in_group = set(values)
-    for name, arr in values.items():
-        shape = np.shape(arr)[n_lead:]
-        if not shape:
-            continue
-        if user_dims and name in user_dims:
-            out[name] = list(user_dims[name])
-            continue
-        decl = declared.get(name)
-        dims = list(decl) if decl is not None and len(decl) == len(shape) else [None] * len(shape)
-        chosen: list[str] = []
-        for i, (dim, size) in enumerate(zip(dims, shape)):
-            default = f"{name}_dim_{i}"
-            if (dim is None or dim in chosen or dim in names_in_group or dim in SAMPLE_DIMS
-                    or sizes.get(dim, size) != size):
-                dim = default
-            sizes[dim] = size
-            chosen.append(dim)
-        out[name] = chosen
-    return out
 
 
 def _as_mapping(spec, what: str) -> dict[str, str]:
@@ -182,12 +162,13 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
         for g, s in group_map.items():
             renamed_decl[g] = declared.get(s)
         renamed_decl = {k: v for k, v in renamed_decl.items() if v is not None}
-        all_dims.update(_resolve_dims(values, renamed_decl, 2, dims))
+        all_dims.update(resolve_dims(values, renamed_decl, 2, dims))
 
     if include_data:
         data = {}
         if hasattr(fit.target, "data_dict"):
             data = {k: np.asarray(v) for k, v in fit.target.data_dict().items()}
+        data, sizes = split_sizes(data, declared)
         if data:
             if observed is None:
                 obs = observed_names(code, data) if code else []
@@ -199,11 +180,11 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
             if obs:
                 groups["observed_data"] = {k: data[k] for k in obs}
             rest = {k: v for k, v in data.items() if k not in obs}
-            if rest:
+            if rest or sizes:   # an empty group still carries the sizes
                 groups["constant_data"] = rest
             for gname in ("observed_data", "constant_data"):
                 if gname in groups:
-                    gd = _resolve_dims(groups[gname], declared, 0, dims)
+                    gd = resolve_dims(groups[gname], declared, 0, dims)
                     all_dims.update({f"{gname}::{k}": v for k, v in gd.items()})
 
     if isinstance(index_origin, bool) or not isinstance(index_origin, (int, np.integer)):
@@ -221,12 +202,11 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
         used = {d for names in gdims.values() for d in names} | set(SAMPLE_DIMS)
         lead = 2 if gname in ("posterior", "sample_stats", "log_likelihood",
                               "posterior_predictive") else 0
-        gcoords = _default_coords(values, gdims, lead, int(index_origin))
+        gcoords = default_coords(values, gdims, lead, int(index_origin))
         gcoords.update({k: v for k, v in (coords or {}).items() if k in used})
         sub = from_dict({gname: values}, dims=gdims, coords=gcoords,
                         sample_dims=list(SAMPLE_DIMS),
-                        attrs={gname: attrs if gname in ("posterior", "sample_stats") else
-                               {"inference_library": "stanvi"}})
+                        attrs={gname: group_attrs(gname, sizes)})
         tree_groups[gname] = sub[gname].to_dataset()
 
     if include_trace:
@@ -267,17 +247,6 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
     tree = DataTree.from_dict(tree_groups)
     tree.attrs = dict(attrs)
     return tree
-
-
-def _default_coords(values: Mapping[str, np.ndarray], gdims: Mapping[str, list[str]],
-                    n_lead: int, origin: int) -> dict[str, np.ndarray]:
-    """``origin, origin + 1, ...`` along each named non-sample dim."""
-    out: dict[str, np.ndarray] = {}
-    for name, names in gdims.items():
-        shape = np.shape(values[name])[n_lead:]
-        for dim, size in zip(names, shape):
-            out.setdefault(dim, np.arange(origin, origin + size))
-    return out
 
 
 def mean_row(fit) -> dict[str, np.ndarray]:

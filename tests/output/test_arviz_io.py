@@ -66,10 +66,11 @@ def test_data_groups(tree):
     data = data_dict("tp_gq")
     obs, const = tree["observed_data"], tree["constant_data"]
     assert set(obs.data_vars) == {"y"}  # the model block has `y ~ normal(mu, sigma)`
-    assert set(const.data_vars) == {"N", "x"}
+    # N is a size (`vector[N] x`): the length of dim N in every group, kept in the attrs
+    assert set(const.data_vars) == {"x"} and json.loads(const.attrs["sizes"]) == {"N": data["N"]}
+    assert obs["y"].dims == const["x"].dims == ("N",)
     np.testing.assert_array_equal(obs["y"].values, data["y"])
     np.testing.assert_array_equal(const["x"].values, data["x"])
-    assert int(const["N"]) == data["N"]
 
 
 def test_attrs(tree, tp_gq_fit):
@@ -205,4 +206,24 @@ def test_duplicate_and_clashing_dims_fall_back(compiled):
     assert t["posterior"]["Omega"].dims == ("chain", "draw", "D", "Omega_dim_1")
     assert t["posterior"]["c"].dims == ("chain", "draw", "c_dim_0")  # ordered[K_ord - 1]
     assert set(t["observed_data"].data_vars) == {"y_ord", "counts", "y_mvn"}
-    assert "D" in t["constant_data"].data_vars
+    assert "D" in json.loads(t["constant_data"].attrs["sizes"])
+
+
+def test_one_dim_rule_in_every_group_and_attributes_once(compiled, tmp_path):
+    # eight schools: `array[J] real y` (observed), `array[J] real<lower=0> sigma` (constant)
+    # and `vector[J] theta_tilde` all get dim J; J itself is the dim's length (issue T3-5
+    # item 4: constant_data said sigma_dim_0); the fit's attributes are on the root only.
+    fit = stanvi.fit(compiled("eight_schools"), data_file("eight_schools"), method="trustvi",
+                     seed=0, draws=100, progress=False)
+    t = fit.to_arviz()
+    assert t["posterior"]["theta_tilde"].dims == ("chain", "draw", "J")
+    assert t["observed_data"]["y"].dims == ("J",) and t["constant_data"]["sigma"].dims == ("J",)
+    assert list(t["constant_data"]["sigma"].coords["J"].values) == list(range(1, 9))
+    assert json.loads(t["constant_data"].attrs["sizes"]) == {"J": 8}
+    assert "J" not in t["constant_data"].data_vars
+    assert t.attrs["method"] == "trustvi" and "pareto_k" in t.attrs
+    for group in ("posterior", "sample_stats", "observed_data", "constant_data"):
+        own = {k for k in t[group].attrs if not k.startswith(("created", "creation", "sample_dims"))}
+        assert own <= {"inference_library", "sizes"}, (group, own)
+    fit.save(tmp_path / "es.nc")   # the size comes back as data
+    assert int(stanvi.read(tmp_path / "es.nc").target.data_dict()["J"]) == 8
