@@ -17,13 +17,16 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stanvi.diagnostics.report import Diagnostics
 from stanvi.errors import StanviError
 from stanvi.fit_result import Fit, FitTrace
+
+if TYPE_CHECKING:
+    from stanvi.reference.result import ReferenceFit
 
 
 class SavedTarget:
@@ -198,7 +201,7 @@ def _group(tree, name: str):
     return tree[name].to_dataset() if name in tree.children else None
 
 
-def read(path: str | os.PathLike) -> SavedFit:
+def read(path: str | os.PathLike) -> SavedFit | ReferenceFit:
     """A fit saved by :meth:`stanvi.Fit.save` (or :func:`stanvi.output.writers.save`), read back.
 
     Args:
@@ -206,7 +209,8 @@ def read(path: str | os.PathLike) -> SavedFit:
             directory holding exactly one ``.nc``.
 
     Returns:
-        a :class:`SavedFit`: draws by Stan name, log p / log q, unconstrained draws, the
+        for Stan's NUTS, ADVI or Pathfinder run by stanvi (``ReferenceFit.save``), the
+        :class:`~stanvi.reference.result.ReferenceFit` again; otherwise a :class:`SavedFit`: draws by Stan name, log p / log q, unconstrained draws, the
         variational parameters and family, the trace, oracle counts, times, status, options and
         the diagnostics as computed after the fit (see the module docstring for what needs the
         model).
@@ -217,6 +221,10 @@ def read(path: str | os.PathLike) -> SavedFit:
     nc = _netcdf_path(Path(path))
     tree = load_datatree(nc)
     a = dict(tree.attrs)
+    if a.get("stanvi_reference"):   # Stan's algorithm run by stanvi (ReferenceFit.save)
+        from stanvi.reference.result_io import from_datatree  # noqa: PLC0415
+
+        return from_datatree(tree)
     if a.get("inference_library") != "stanvi":
         raise StanviError(f"{nc} is not a DataTree written by stanvi (inference_library = "
                           f"{a.get('inference_library')!r})")

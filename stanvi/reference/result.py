@@ -180,28 +180,11 @@ class ReferenceFit:
     def to_arviz(self):
         """An ArviZ DataTree: ``posterior`` (chains × draws, variable dims with Stan's 1-based
         coordinates) with Stan's columns in ``sample_stats`` (``lp__`` → ``lp``, NUTS's
-        ``divergent__`` → ``diverging`` …)."""
-        from arviz_base import from_dict  # noqa: PLC0415
+        ``divergent__`` → ``diverging`` …), and the run's settings and counts on the root, so
+        that ``stanvi.read`` gives this fit back (:mod:`stanvi.reference.result_io`)."""
+        from stanvi.reference.result_io import to_datatree  # noqa: PLC0415
 
-        rename = {"lp__": "lp", "accept_stat__": "acceptance_rate", "stepsize__": "step_size",
-                  "treedepth__": "tree_depth", "n_leapfrog__": "n_steps",
-                  "divergent__": "diverging", "energy__": "energy", "lp_approx__": "lp_approx",
-                  "log_p__": "log_p", "log_g__": "log_g", "path__": "path"}
-        stats = {rename.get(k, k): self._by_chain(v) for k, v in self.stan_columns.items()}
-        if "diverging" in stats:
-            stats["diverging"] = stats["diverging"].astype(bool)
-        attrs = {"inference_library": "stan (via stanvi)", "algorithm": self.algorithm}
-        if self.gradient_evaluations is not None:
-            attrs["gradient_evaluations"] = self.gradient_evaluations
-        # Stan's 1-based indices for the variables' dims, as stanvi's own trees have them
-        dims, coords = {}, {}
-        for name, arr in self.draws.items():
-            dims[name] = [f"{name}_dim_{k}" for k in range(arr.ndim - 1)]
-            for k, n in enumerate(arr.shape[1:]):
-                coords[f"{name}_dim_{k}"] = np.arange(1, n + 1)
-        return from_dict({"posterior": {k: self._by_chain(v) for k, v in self.draws.items()},
-                          "sample_stats": stats}, dims=dims, coords=coords,
-                         attrs={"posterior": attrs})
+        return to_datatree(self)
 
     def save(self, directory, *, basename: str | None = None,
              overwrite: bool = False) -> dict[str, Path]:

@@ -75,6 +75,29 @@ def test_save_writes_csv_netcdf_summary_and_diagnostics(diag_model, tmp_path):
     assert ref.summary(var_names="z").shape[0] == 4
 
 
+@pytest.mark.parametrize("method, settings", [
+    ("nuts", {"chains": 2, "num_warmup": 150, "num_samples": 100}),
+    ("stan-advi", {}), ("pathfinder", {"num_paths": 1})])
+def test_read_gives_back_a_saved_stan_run(diag_model, tmp_path, method, settings):
+    ref = stanvi.fit(diag_model, DIAG, method=method, seed=2, progress=False, **settings)
+    ref.save(tmp_path)
+    back = stanvi.read(tmp_path)
+    assert isinstance(back, ReferenceFit) and back.algorithm == ref.algorithm
+    assert back.chains == ref.chains and back.settings == ref.settings
+    assert back.gradient_evaluations == ref.gradient_evaluations
+    np.testing.assert_array_equal(back.draws["z"], ref.draws["z"])
+    for name, column in ref.stan_columns.items():
+        np.testing.assert_array_equal(back.stan_columns[name], column)
+    assert back.summary().equals(ref.summary())
+    if method == "nuts":
+        assert back.sampler_diagnostics["divergences"] == list(ref.sampler_diagnostics["divergences"])
+    else:   # the importance ratios, so the same k-hat
+        assert back.diagnostics().khat == ref.diagnostics().khat
+    if method == "stan-advi":
+        np.testing.assert_array_equal(back.mean["z"], ref.mean["z"])
+        np.testing.assert_array_equal(back.elbo_trace, ref.elbo_trace)
+
+
 def test_cli_fit_with_stans_pathfinder(diag_model, tmp_path):
     import json  # noqa: PLC0415
 
