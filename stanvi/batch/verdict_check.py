@@ -7,6 +7,12 @@ draws, and its stability across seeds (issue T3-5 item 1; docs/diagnostics.md#ch
   < unreliable, is scored by the area under its ROC curve (the Mann–Whitney probability that an
   off fit gets a worse verdict than a fit that is not, ties counted a half; Hanley & McNeil
   1982), with the confusion table per band.  k̂ alone is scored the same way for comparison.
+* **Usable as it is.**  The verdict speaks of the whole of q, not only its means: *unreliable*
+  also says that q's sds or tails are wrong (a mean-field q of a correlated posterior has its
+  means right and its sds several times too small).  So it is also scored against a second
+  truth, *not usable*: off, or marginals more than ``USABLE_W1`` = 0.2 sd away in the
+  1-Wasserstein distance (median over marginals) — the bar :mod:`stanvi.evaluation.compare`
+  and the batch report's recommendation set for the marginals.
 * **Across seeds.**  Among model–method pairs whose seeds' ELBOs (each fit's fresh diagnostic
   estimate) agree within ``ELBO_AGREE`` = 0.1 nat, the fraction whose seeds all get the same
   verdict.
@@ -26,6 +32,7 @@ from typing import Any
 import numpy as np
 
 OFF_MEAN_ERROR = 0.2
+USABLE_W1 = 0.2
 ELBO_AGREE = 0.1
 BANDS = ("good", "use with care", "unreliable")
 
@@ -51,6 +58,13 @@ def mean_error(record: dict[str, Any]) -> float | None:
     return float(value) if value is not None and np.isfinite(value) else None
 
 
+def w1_error(record: dict[str, Any]) -> float:
+    """The record's W1/sd against its reference (median over marginals; NaN if none)."""
+    acc = (record.get("accuracy") or {}).get("constrained") or {}
+    value = acc.get("w1_sd_median", record.get("w1_sd"))
+    return float(value) if value is not None else math.nan
+
+
 def config(record: dict[str, Any]) -> str:
     """method:profile:family, the configuration a record ran."""
     return f"{record.get('method')}:{record.get('profile')}:{record.get('family')}"
@@ -60,14 +74,20 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """ROC AUC of the verdict and of k̂, and the confusion table, over ``rows`` (records with a
     verdict and a mean error)."""
     off = [mean_error(r) > OFF_MEAN_ERROR for r in rows]
+    unusable = [o or not w1_error(r) <= USABLE_W1 for r, o in zip(rows, off)]
     score = [BANDS.index(r["verdict"]) for r in rows]
     khat = [r["khat"] if r.get("khat") is not None and np.isfinite(r["khat"]) else math.inf
             for r in rows]
     table = {band: {"off": 0, "not off": 0} for band in BANDS}
     for r, is_off in zip(rows, off):
         table[r["verdict"]]["off" if is_off else "not off"] += 1
+    usable_table = {band: {"unusable": 0, "usable": 0} for band in BANDS}
+    for r, bad in zip(rows, unusable):
+        usable_table[r["verdict"]]["unusable" if bad else "usable"] += 1
     return {"fits": len(rows), "off": int(sum(off)), "auc_verdict": roc_auc(score, off),
-            "auc_khat": roc_auc(khat, off), "confusion": table}
+            "auc_khat": roc_auc(khat, off), "confusion": table,
+            "unusable": int(sum(unusable)), "auc_verdict_usable": roc_auc(score, unusable),
+            "confusion_usable": usable_table}
 
 
 def stability(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -117,20 +137,31 @@ def check_stores(dirs: list[str | Path]) -> dict[str, Any]:
     return check(records)
 
 
-def _line(label: str, a: dict[str, Any]) -> str:
-    return (f"{label:34s} {a['fits']:5d} {a['off']:5d}  {a['auc_verdict']:6.3f}  "
-            f"{a['auc_khat']:6.3f}   " + "  ".join(
-                f"{a['confusion'][b]['off']:4d}/{a['confusion'][b]['not off']:<4d}" for b in BANDS))
+def _line(label: str, a: dict[str, Any], usable: bool) -> str:
+    if usable:
+        counts = "  ".join(f"{a['confusion_usable'][b]['unusable']:5d}/{a['confusion_usable'][b]['usable']:<5d}"
+                           for b in BANDS)
+        return f"{label:34s} {a['fits']:5d} {a['unusable']:6d}  {a['auc_verdict_usable']:6.3f}   {counts}"
+    counts = "  ".join(f"{a['confusion'][b]['off']:5d}/{a['confusion'][b]['not off']:<5d}"
+                       for b in BANDS)
+    return (f"{label:34s} {a['fits']:5d} {a['off']:6d}  {a['auc_verdict']:6.3f}  "
+            f"{a['auc_khat']:6.3f}   {counts}")
 
 
 def report_text(figures: dict[str, Any]) -> str:
-    """The figures for a person: one line per configuration, then the seeds' stability."""
-    head = (f"{'configuration':34s} {'fits':>5s} {'off':>5s}  {'AUC':>6s}  {'AUC k':>6s}   "
-            "good off/not  care off/not  unrel. off/not")
-    lines = [f"off: standardized mean error > {OFF_MEAN_ERROR} against the reference; AUC: "
-             "the verdict's (good < use with care < unreliable); AUC k: k-hat's", head]
-    lines += [_line(c, a) for c, a in figures["by_config"].items()]
-    lines.append(_line("all", figures["all"]))
+    """The figures for a person: per configuration against each truth, then the seeds'
+    stability."""
+    bands = "   good        care        unreliable"
+    lines = [f"off: standardized mean error > {OFF_MEAN_ERROR} against the reference. AUC: the "
+             "verdict's (good < use with care < unreliable); AUC k: k-hat's. Per band: off/not off",
+             f"{'configuration':34s} {'fits':>5s} {'off':>6s}  {'AUC':>6s}  {'AUC k':>6s}{bands}"]
+    lines += [_line(c, a, False) for c, a in figures["by_config"].items()]
+    lines.append(_line("all", figures["all"], False))
+    lines += ["", f"not usable: off, or W1 > {USABLE_W1} sd (median over marginals). Per band: "
+              "not usable/usable",
+              f"{'configuration':34s} {'fits':>5s} {'unus.':>6s}  {'AUC':>6s}{bands}"]
+    lines += [_line(c, a, True) for c, a in figures["by_config"].items()]
+    lines.append(_line("all", figures["all"], True))
     st = figures["stability"]
     lines.append(f"same verdict on every seed: {st['same']} of {st['pairs']} model-method pairs "
                  f"whose ELBOs agree within {ELBO_AGREE} nat ({100 * st['fraction']:.0f}%)")

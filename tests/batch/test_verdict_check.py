@@ -15,16 +15,16 @@ def test_roc_auc_exact_values():
     assert math.isnan(roc_auc([1, 2], [True, True]))
 
 
-def _rec(model, seed, verdict, error, elbo, khat=0.3, method="trustvi"):
+def _rec(model, seed, verdict, error, elbo, khat=0.3, method="trustvi", w1=0.1):
     return {"model": model, "method": method, "profile": "default", "family": "meanfield",
             "seed": seed, "verdict": verdict, "khat": khat, "elbo": elbo,
-            "accuracy": {"constrained": {"mean_error_sd_median": error}}}
+            "accuracy": {"constrained": {"mean_error_sd_median": error, "w1_sd_median": w1}}}
 
 
 def test_check_counts_the_confusion_table_and_the_seeds_that_flip():
     records = [_rec("a", 0, "good", 0.05, -10.0), _rec("a", 1, "good", 0.06, -10.05),
                _rec("b", 0, "unreliable", 0.5, -3.0, 0.9), _rec("b", 1, "use with care", 0.4, -3.02, 0.6),
-               _rec("c", 0, "unreliable", 0.1, -7.0), _rec("c", 1, "good", 0.1, -7.5),
+               _rec("c", 0, "unreliable", 0.1, -7.0, w1=0.5), _rec("c", 1, "good", 0.1, -7.5),
                {"model": "d", "verdict": "good", "seed": 0}]      # no reference: stability only
     figs = check(records)
     a = figs["all"]
@@ -34,6 +34,11 @@ def test_check_counts_the_confusion_table_and_the_seeds_that_flip():
     assert a["confusion"]["unreliable"] == {"off": 1, "not off": 1}
     # off fits' scores (2, 1) against the others' (0, 0, 2, 0): 3 wins and a tie, then 3 wins
     assert a["auc_verdict"] == pytest.approx((3.5 + 3) / 8)
+    # not usable: b's two (off) and c0 (W1 0.5 sd): all three judged worse than the rest
+    assert a["unusable"] == 3 and a["auc_verdict_usable"] == 1.0
+    assert a["confusion_usable"] == {"good": {"unusable": 0, "usable": 3},
+                                     "use with care": {"unusable": 1, "usable": 0},
+                                     "unreliable": {"unusable": 2, "usable": 0}}
     st = figs["stability"]
     assert st["pairs"] == 2 and st["same"] == 1        # c's ELBOs differ by 0.5: left out
     assert st["flipped"] == ["b trustvi:default:meanfield: unreliable, use with care"]
