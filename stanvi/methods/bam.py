@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from stanvi.methods.base import MethodResult, RunContext
-from stanvi.methods.score_vi import batch_size, run_score_method
+from stanvi.methods.score_vi import batch_size, check_options, run_score_method
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,10 @@ class Options:
     max_rejects: int = 10             # rejected updates in a row before 'failed' [C]
 
     def __post_init__(self) -> None:
-        for name, choices in (("schedule", ("decay", "constant")), ("init", ("zero", "random")),
-                              ("warm_start", ("none", "laplace"))):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"bam option {name}={getattr(self, name)!r} is not one of "
-                                 f"{list(choices)}")
+        check_options("bam", self, {"schedule": ("decay", "constant"), "init": ("zero", "random"),
+                                    "warm_start": ("none", "laplace")})
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"bam option lr must be positive, got {self.lr}")
-        if self.window < 1 or self.max_iters < 1:
-            raise ValueError("bam options window and max_iters must be at least 1")
 
 
 PROFILES: dict[str, dict] = {

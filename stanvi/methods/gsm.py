@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from stanvi.methods.base import MethodResult, RunContext
-from stanvi.methods.score_vi import run_score_method
+from stanvi.methods.score_vi import check_options, run_score_method
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,8 @@ class Options:
     max_rejects: int = 10             # rejected updates in a row before 'failed' [C]
 
     def __post_init__(self) -> None:
-        for name, choices in (("init", ("zero", "random")), ("warm_start", ("none", "laplace"))):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"gsm option {name}={getattr(self, name)!r} is not one of "
-                                 f"{list(choices)}")
-        if self.window < 1 or self.max_iters < 1:
-            raise ValueError("gsm options window and max_iters must be at least 1")
+        check_options("gsm", self, {"init": ("zero", "random"),
+                                    "warm_start": ("none", "laplace")})
 
 
 PROFILES: dict[str, dict] = {

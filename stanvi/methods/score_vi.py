@@ -70,6 +70,17 @@ def check_family(family, method: str) -> None:
             f"no low-rank family yet.)")
 
 
+def check_options(method: str, options, choices: dict[str, tuple[str, ...]]) -> None:
+    """A ValueError naming the option for a value outside its ``choices`` (option name →
+    allowed values), or a ``window`` or ``max_iters`` below 1 (the options both methods share)."""
+    for name, allowed in choices.items():
+        if getattr(options, name) not in allowed:
+            raise ValueError(f"{method} option {name}={getattr(options, name)!r} is not one of "
+                             f"{list(allowed)}")
+    if options.window < 1 or options.max_iters < 1:
+        raise ValueError(f"{method} options window and max_iters must be at least 1")
+
+
 def batch_size(requested: int) -> int:
     """B, checked: at least one draw."""
     if int(requested) < 1:
