@@ -199,7 +199,7 @@ def make_fit(target: Target, family, result: MethodResult, *, method: str, profi
     """Draw from the final approximation and assemble the :class:`Fit`."""
     if not np.all(np.isfinite(result.params)):
         raise DivergedError(method, result.status, str(result.message or ""))
-    eps = standard_normal(purpose_key(key, 0, "output"), n_draws, family.dim)
+    eps = standard_normal(purpose_key(key, 0, "output"), n_draws, family.base_dim)
     z, log_p, log_q = estimator.log_p_and_q(result.params, eps)
     gq_note: dict = {}
     if hasattr(target, "constrain_reporting"):

@@ -31,7 +31,7 @@ def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None =
     dim = int(family.dim)
     n = diagnostic_draw_count(dim, len(fit.log_p)) if n_draws is None else int(n_draws)
     rng = np.random.default_rng([int(fit.seed if seed is None else seed), 0x5D1A6])
-    eps = rng.standard_normal((n, dim))
+    eps = rng.standard_normal((n, int(family.base_dim)))
     params = np.asarray(fit.params, dtype=float)
     if hasattr(family, "log_q_eps_np"):
         # the Gaussian families' host math (stanvi.families.host_math): z = m + A ε and
