@@ -242,7 +242,7 @@ def read(path: str | os.PathLike) -> SavedFit:
     if family_name == "fullrank" and isinstance(stored_options, dict) \
             and "fullrank_diagonal" in stored_options:
         fam_kwargs["diagonal"] = stored_options["fullrank_diagonal"]
-    fam_kwargs.update(json.loads(approx.attrs.get("family_options", "{}") or "{}"))  # mixture
+    fam_kwargs.update(json.loads(approx.attrs.get("family_options", "{}") or "{}"))  # mixture, lowrank
     family = make_family(family_name, len(unc_names), **fam_kwargs)
     data: dict[str, np.ndarray] = {}
     for g in ("observed_data", "constant_data"):

@@ -10,6 +10,11 @@ C = I_k + WᵀW):
 
     log det Σ = 2 Σ ω + log det C,    H(q) = D/2 (1 + log 2π) + Σ ω + ½ log det C.
 
+B is kept lower trapezoidal (B_ij = 0 for j > i, the entries above the diagonal are stored and
+ignored): the same family (every B = LQ with L lower trapezoidal), without the k(k − 1)/2 flat
+directions B ↦ BR along which the ELBO does not change and its Hessian is singular
+(:mod:`stanvi.families.lowrank_host`).
+
 Every piece is O(D k²) time and O(D k) memory per draw; only :meth:`LowRank.covariance` (for
 tests and small D) forms the D × D matrix.  The NumPy pieces the host path and the methods use
 are in :mod:`stanvi.families.lowrank_host`.
@@ -29,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stanvi.families.lowrank_host import LowRankHostMath
+from stanvi.families.lowrank_host import LowRankHostMath, trapezoid_mask
 from stanvi.families.protocol import GaussianDefaults
 
 LOG_2PI = math.log(2.0 * math.pi)
@@ -105,6 +110,7 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         """B₀ (D, k) = INIT_FACTOR · e^{log_scale0} · R/√k, R standard normal from NumPy's
         generator with seed 0 (the start depends on D, k and log_scale0 only)."""
         R = np.random.default_rng(0).standard_normal((self.dim, self.rank))
+        R = R * trapezoid_mask(self.dim, self.rank)
         return INIT_FACTOR * math.exp(float(log_scale0)) * R / math.sqrt(self.rank)
 
     def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
@@ -133,6 +139,7 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         rest = vals[k:]
         s = float(rest.mean()) if rest.size else 0.0
         B = vecs[:, :k] * np.sqrt(np.maximum(vals[:k] - max(s, 0.0), 0.0))
+        B = np.linalg.qr(B.T)[1].T     # the lower-trapezoidal L of B = LQ (same BBᵀ)
         var = np.diagonal(cov)
         d2 = np.maximum(var - np.sum(B * B, axis=1), 1e-3 * var)
         return np.concatenate([np.asarray(mu, dtype=float), 0.5 * np.log(d2), B.ravel()])
@@ -172,9 +179,11 @@ class LowRank(LowRankHostMath, GaussianDefaults):
 
     # ------------------------------------------------------------------ JAX pieces
     def split(self, params: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(μ, ω, B (D, k))."""
-        D = self.dim
-        return params[:D], params[D:2 * D], params[2 * D:].reshape(D, self.rank)
+        """(μ, ω, B (D, k)), B's entries above the diagonal zeroed (module docstring)."""
+        D, k = self.dim, self.rank
+        i = jax.lax.broadcasted_iota(jnp.int32, (D, k), 0)
+        j = jax.lax.broadcasted_iota(jnp.int32, (D, k), 1)
+        return params[:D], params[D:2 * D], jnp.where(j <= i, params[2 * D:].reshape(D, k), 0.0)
 
     def sample(self, params: jax.Array, eps: jax.Array) -> jax.Array:
         """z = μ + e^ω ⊙ ε₁ + B ε₂ for each row of ``eps`` (n, D + k)."""
@@ -219,10 +228,18 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         return np.sqrt(d * d + np.sum(B * B, axis=1))
 
     def metric_scale(self, params: np.ndarray) -> np.ndarray:
-        """A diagonal, scale-invariant stand-in for q's Fisher information (as
-        :meth:`stanvi.families.gaussian.FullRank.metric_scale`): with s_i q's marginal sd,
-        1/s_i for μ_i and for row i of B, √2 for ω_i (the log scale)."""
-        sd = self.marginal_sd(params)
-        sd = np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
-        return np.concatenate([1.0 / sd, np.full(self.dim, math.sqrt(2.0)),
-                               np.repeat(1.0 / sd, self.rank)])
+        """Square roots of a diagonal stand-in for q's Fisher information in λ
+        (docs/algorithms.md#lowrank): for μ_i the exact Fisher diagonal √(Σ⁻¹)_ii; for ω_i
+        √2, the mean-field value (:meth:`stanvi.families.gaussian.MeanField.metric_scale`; the
+        exact √2 h_i, h_i = d_i²(Σ⁻¹)_ii ∈ (0, 1], is small where B carries coordinate i, and
+        steps that large on a nearly flat ω_i let MLMCVI's noisy iterates collapse d_i); for
+        B_ij √(Σ⁻¹)_ii, the curvature scale of the ELBO in B_ij near q ≈ p (the Fisher diagonal
+        itself vanishes at B = 0).  diag(Σ⁻¹) = h/d² by Woodbury, O(D k²).  Rescaling model
+        coordinate i by c rescales μ_i, B_i· and 1/√(Σ⁻¹)_ii alike."""
+        _, d, _ = self.parts_np(params)
+        h = self.entropy_grad_np(params)[self.dim:2 * self.dim]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            root = np.sqrt(h) / d
+        root = np.where(np.isfinite(root) & (root > 0), root, 1.0)
+        return np.concatenate([root, np.full(self.dim, math.sqrt(2.0)),
+                               np.repeat(root, self.rank)])

@@ -15,15 +15,31 @@ For one draw with g = ∇log p(z) the per-draw ELBO gradient is (g, d ⊙ ε₁ 
 g ε₂ᵀ + ∇_B H); the tangent in direction v = (v_μ, v_ω, V_B) is u = v_μ + d ⊙ v_ω ⊙ ε₁ + V_B ε₂,
 and the HVP pullback (hu = ∇²log p(z) u) is (hu, d ⊙ ε₁ ⊙ (hu + g ⊙ v_ω), hu ε₂ᵀ) averaged over the
 draws plus ∇²H v (:meth:`LowRankHostMath.entropy_hvp_np`).
+
+B is lower trapezoidal (B_ij = 0 for j > i; :func:`trapezoid_mask`): q depends on BBᵀ only,
+so without it the ELBO is flat along the k(k − 1)/2 rotations B ↦ BR, its Hessian singular at
+every optimum, and Newton-type methods step along the flat directions.  Every B = LQ with L lower
+trapezoidal (the LQ decomposition), so the family is the same.  The stored entries above the
+diagonal are ignored, and every gradient and Hessian-vector product is exactly zero there.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 _LOG_2PI = math.log(2.0 * math.pi)
+
+
+@functools.lru_cache(maxsize=8)
+def trapezoid_mask(dim: int, rank: int) -> np.ndarray:
+    """The lower-trapezoidal mask (D, k) of B: entry (i, j) is free iff j ≤ i (the gauge fixing
+    of docs/algorithms.md#lowrank; read-only, cached)."""
+    mask = np.tri(dim, rank, dtype=float)
+    mask.setflags(write=False)
+    return mask
 
 
 class LowRankHostMath:
@@ -38,7 +54,7 @@ class LowRankHostMath:
         """(μ (D,), d = e^ω (D,), B (D, k)) of λ."""
         p = np.asarray(params, dtype=float)
         D, k = self.dim, self.rank
-        return p[:D], np.exp(p[D:2 * D]), p[2 * D:].reshape(D, k)
+        return p[:D], np.exp(p[D:2 * D]), p[2 * D:].reshape(D, k) * trapezoid_mask(D, k)
 
     def _core(self, d: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(W = B/d, C⁻¹ (k, k), the Cholesky factor of C = I + WᵀW)."""
@@ -69,7 +85,7 @@ class LowRankHostMath:
         rows = np.atleast_2d(np.asarray(params_rows, dtype=float))
         D, k = self.dim, self.rank
         e1, e2 = self.split_eps(np.atleast_2d(eps))
-        B = rows[:, 2 * D:].reshape(-1, D, k)
+        B = rows[:, 2 * D:].reshape(-1, D, k) * trapezoid_mask(D, k)
         return np.exp(rows[:, D:2 * D]) * e1 + np.einsum("ndk,nk->nd", B, e2)
 
     def entropy_np(self, params) -> float:
@@ -92,9 +108,21 @@ class LowRankHostMath:
                 - float(np.sum(np.log(np.diagonal(chol)))) - 0.5 * self.dim * _LOG_2PI)
 
     def log_q_eps_np(self, params, eps: np.ndarray) -> np.ndarray:
-        """log q(z) at the draws z = μ + d ⊙ ε₁ + B ε₂ of ``eps`` (n, D + k).  (Not
-        log φ(ε) − log|det A|: the map ε ↦ z is not square.)"""
-        return self.log_q_np(params, self.sample_np(params, eps))
+        """log q(z) at the draws z = μ + d ⊙ ε₁ + B ε₂ of ``eps`` (n, D + k), from ε itself:
+        with A = [diag(d), B], (z − μ)ᵀΣ⁻¹(z − μ) = ‖Pε‖² for P the projection onto A's row
+        space, whose complement is spanned by N = [−W; I_k] (NᵀN = C), so the quadratic form is
+        ‖ε‖² − (ε₂ − Wᵀε₁)ᵀ C⁻¹ (ε₂ − Wᵀε₁).  Unlike the Woodbury form of :meth:`log_q_np` it
+        stays accurate when some d_i ≪ ‖B_i‖ (W = B/d large: there ‖y‖² − ‖t‖² cancels
+        catastrophically)."""
+        p = np.asarray(params, dtype=float)
+        _, d, B = self.parts_np(p)
+        W, _, chol = self._core(d, B)
+        e1, e2 = self.split_eps(np.atleast_2d(eps))
+        t = np.linalg.solve(chol, (e2 - e1 @ W).T).T
+        quad = np.einsum("ij,ij->i", e1, e1) + np.einsum("ij,ij->i", e2, e2) \
+            - np.einsum("ij,ij->i", t, t)
+        return (-0.5 * quad - float(np.sum(p[self.dim:2 * self.dim]))
+                - float(np.sum(np.log(np.diagonal(chol)))) - 0.5 * self.dim * _LOG_2PI)
 
     def precision_rows(self, params, U: np.ndarray) -> np.ndarray:
         """Σ⁻¹ u for each row u of ``U`` (n, D): Woodbury, O(n D k)."""
@@ -109,8 +137,9 @@ class LowRankHostMath:
         _, d, B = self.parts_np(params)
         W, ci, _ = self._core(d, B)
         wci = W @ ci
+        mask = trapezoid_mask(self.dim, self.rank)
         return np.concatenate([np.zeros(self.dim), 1.0 - np.sum(W * wci, axis=1),
-                               (wci / d[:, None]).ravel()])
+                               (wci / d[:, None] * mask).ravel()])
 
     def entropy_hvp_np(self, params, v: np.ndarray) -> np.ndarray:
         """∇²_λ H v, the directional derivative of :meth:`entropy_grad_np` in v = (v_μ, v_ω,
@@ -120,14 +149,15 @@ class LowRankHostMath:
         _, d, B = self.parts_np(params)
         W, ci, _ = self._core(d, B)
         v = np.asarray(v, dtype=float)
-        v_omega, v_b = v[D:2 * D], v[2 * D:].reshape(D, k)
+        mask = trapezoid_mask(D, k)
+        v_omega, v_b = v[D:2 * D], v[2 * D:].reshape(D, k) * mask
         wci = W @ ci
         dW = v_b / d[:, None] - v_omega[:, None] * W
         dC = dW.T @ W
         dC = dC + dC.T
         d_wci = dW @ ci - wci @ (dC @ ci)
         g_omega = -np.sum(dW * wci + W * d_wci, axis=1)
-        g_b = (d_wci - v_omega[:, None] * wci) / d[:, None]
+        g_b = (d_wci - v_omega[:, None] * wci) / d[:, None] * mask
         return np.concatenate([np.zeros(D), g_omega, g_b.ravel()])
 
     # ------------------------------------------------------------------ pullbacks
@@ -136,7 +166,8 @@ class LowRankHostMath:
         _, d, _ = self.parts_np(params)
         e1, e2 = self.split_eps(eps)
         g = np.asarray(g, dtype=float)
-        outer = (g[:, :, None] * e2[:, None, :]).reshape(g.shape[0], -1)
+        mask = trapezoid_mask(self.dim, self.rank)
+        outer = (g[:, :, None] * e2[:, None, :] * mask).reshape(g.shape[0], -1)
         return self.entropy_grad_np(params) + np.concatenate([g, g * d * e1, outer], axis=1)
 
     def pullback_rows_at(self, params_rows: np.ndarray, eps: np.ndarray,
@@ -155,7 +186,8 @@ class LowRankHostMath:
         g = np.asarray(g, dtype=float)
         n = g.shape[0]
         return self.entropy_grad_np(params) + np.concatenate(
-            [g.mean(axis=0), d * (g * e1).mean(axis=0), (g.T @ e2 / n).ravel()])
+            [g.mean(axis=0), d * (g * e1).mean(axis=0),
+             (g.T @ e2 / n * trapezoid_mask(self.dim, self.rank)).ravel()])
 
     def tangent(self, params, eps: np.ndarray, v: np.ndarray) -> np.ndarray:
         """u = J(ε) v = v_μ + d ⊙ v_ω ⊙ ε₁ + V_B ε₂ per draw (n, D)."""
@@ -163,7 +195,8 @@ class LowRankHostMath:
         _, d, _ = self.parts_np(params)
         e1, e2 = self.split_eps(eps)
         v = np.asarray(v, dtype=float)
-        return v[:D] + e1 * (d * v[D:2 * D]) + e2 @ v[2 * D:].reshape(D, k).T
+        return v[:D] + e1 * (d * v[D:2 * D]) + e2 @ (v[2 * D:].reshape(D, k)
+                                                     * trapezoid_mask(D, k)).T
 
     def hvp_pullback(self, params, eps: np.ndarray, g: np.ndarray, hu: np.ndarray,
                      v: np.ndarray) -> np.ndarray:
@@ -175,7 +208,7 @@ class LowRankHostMath:
         v_omega = np.asarray(v, dtype=float)[D:2 * D]
         n = hu.shape[0]
         out = np.concatenate([hu.mean(axis=0), d * (e1 * (hu + g * v_omega)).mean(axis=0),
-                              (hu.T @ e2 / n).ravel()])
+                              (hu.T @ e2 / n * trapezoid_mask(D, self.rank)).ravel()])
         return out + self.entropy_hvp_np(params, v)
 
     # ------------------------------------------------------------------ Stein model
