@@ -72,9 +72,10 @@ def check_config(config: BatchConfig) -> None:
             check_reference_method(method, profile, options)
         else:
             make_options(get_method(method), profile, options)
-    bad = [f for f in config.families if f not in ("meanfield", "fullrank")]
+    bad = [f for f in config.families if f not in ("meanfield", "fullrank", "lowrank")]
     if bad:
-        raise ValueError(f"unknown family {bad[0]!r}; choose meanfield or fullrank")
+        raise ValueError(f"unknown family {bad[0]!r}; choose meanfield, fullrank or lowrank "
+                         f"(its default rank)")
     if config.reference not in (None, "nuts"):
         raise ValueError(f"unknown reference {config.reference!r}; the batch computes 'nuts'")
     if config.seeds < 1:

@@ -216,18 +216,49 @@ class LowRankHostMath:
         """v ↦ B v, the fixed-sample ELBO Hessian model of
         :meth:`~stanvi.families.host_math.MeanFieldHostMath.stein_hvp_operator` for this family:
         every ∇²log p(z_j) replaced by the Stein estimate Ĥ = sym(M Σ⁻¹), M = (1/n) Σ g_j y_jᵀ,
-        y_j = z_j − μ (Stein's lemma, E[∇²log p] = E[g (z − μ)ᵀ] Σ⁻¹), applied to the n
-        tangents without forming Ĥ: U Ĥ = ((U Gᵀ) (YΣ⁻¹) + (U (YΣ⁻¹)ᵀ) G) / 2n, O(n² D) per
-        product (docs/algorithms.md#lowrank, #stein-model)."""
+        y_j = z_j − μ (Stein's lemma, E[∇²log p] = E[g (z − μ)ᵀ] Σ⁻¹), never formed
+        (docs/algorithms.md#lowrank, #stein-model).
+
+        With n ≤ ``4(k + 1)`` draws that are not moment matched (n ≤ D + k + 1), Ĥ is applied to
+        each draw's tangent: U Ĥ = ((U Gᵀ)(YΣ⁻¹) + (U (YΣ⁻¹)ᵀ) G)/2n, O(n² D) per product.
+        Otherwise the draws' second moments are taken as I (exact for moment-matched draws, and
+        the expected ELBO Hessian's model otherwise), keeping their means m₁, m₂:
+        (Ĥū, d ⊙ (m₁ ⊙ Ĥv_μ + diag(Ĥ) ⊙ d ⊙ v_ω), Ĥv_μ m₂ᵀ + Ĥ V) with
+        ū = v_μ + d ⊙ m₁ ⊙ v_ω + V m₂, plus :meth:`hvp_pullback`'s curvature and entropy terms:
+        k + 2 applications of Ĥ, O(n D k) per product."""
         eps = np.asarray(eps, dtype=float)
         g = np.asarray(g, dtype=float)
         n = eps.shape[0]
+        D, k = self.dim, self.rank
         ys = self.precision_rows(params, self.noise_np(params, eps))   # rows y_j Σ⁻¹
+        if n <= D + k + 1 and n <= 4 * (k + 1):
+            def hvp(v):
+                u = self.tangent(params, eps, v)
+                hu = 0.5 * ((u @ g.T) @ ys + (u @ ys.T) @ g) / n
+                return self.hvp_pullback(params, eps, g, hu, v)
+            return hvp
+
+        _, d, _ = self.parts_np(params)
+        mask = trapezoid_mask(D, k)
+        e1, e2 = self.split_eps(eps)
+        m1, m2 = e1.mean(axis=0), e2.mean(axis=0)
+        h_diag = np.einsum("ji,ji->i", g, ys) / n
+
+        def apply(X):
+            """Ĥ X for X (D, m)."""
+            return 0.5 * (g.T @ (ys @ X) + ys.T @ (g @ X)) / n
+
+        zero = np.zeros((n, D))
 
         def hvp(v):
-            u = self.tangent(params, eps, v)
-            hu = 0.5 * ((u @ g.T) @ ys + (u @ ys.T) @ g) / n
-            return self.hvp_pullback(params, eps, g, hu, v)
+            v = np.asarray(v, dtype=float)
+            v_mu, v_omega, V = v[:D], v[D:2 * D], v[2 * D:].reshape(D, k) * mask
+            u_bar = v_mu + d * m1 * v_omega + V @ m2
+            H = apply(np.column_stack([u_bar, v_mu, V]))
+            h_ubar, h_mu, h_v = H[:, 0], H[:, 1], H[:, 2:]
+            out = np.concatenate([h_ubar, d * (m1 * h_mu + h_diag * d * v_omega),
+                                  ((np.outer(h_mu, m2) + h_v) * mask).ravel()])
+            return out + self.hvp_pullback(params, eps, g, zero, v)
         return hvp
 
     def stein_model_matrix(self, params, eps: np.ndarray, g: np.ndarray) -> None:

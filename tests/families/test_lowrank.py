@@ -229,3 +229,19 @@ def test_log_q_at_draws_stays_accurate_when_a_diagonal_scale_collapses():
              + 2.5 * math.log(2 * math.pi))
     quad = -2.0 * (lq + const)
     assert np.all(quad >= -1e-6) and np.all(quad <= np.sum(eps * eps, axis=1) + 1e-6)
+
+
+def test_stein_model_on_few_draws_applies_the_stein_hessian_to_each_tangent():
+    """With few unmatched draws the Stein model is the mean of J_jᵀ Ĥ J_j plus the curvature and
+    entropy terms, Ĥ = sym(M Σ⁻¹), M = (1/n) Σ g_j (z_j − μ)ᵀ (checked against Ĥ formed densely)."""
+    fam = LowRank(7, 3)
+    rng = np.random.default_rng(10)
+    p = _params(fam)
+    eps = rng.normal(size=(8, 10))
+    g = rng.normal(size=(8, 7))
+    v = rng.normal(size=fam.n_params)
+    y = fam.noise_np(p, eps)
+    h = (g.T @ y / 8) @ np.linalg.inv(fam.covariance(p))
+    h = 0.5 * (h + h.T)
+    expected = fam.hvp_pullback(p, eps, g, fam.tangent(p, eps, v) @ h, v)
+    np.testing.assert_allclose(fam.stein_hvp_operator(p, eps, g)(v), expected, atol=1e-11)
