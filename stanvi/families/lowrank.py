@@ -46,7 +46,7 @@ INIT_FACTOR = 0.1
 #: The Laplace warm start forms the D × D precision only up to this dimension
 #: (:meth:`LowRank.params_from_precision`); above it, q₀ is centred at the mode with the default
 #: scales (docs/algorithms.md#lowrank).
-DENSE_PRECISION_MAX_DIM = 1000
+DENSE_PRECISION_MAX_DIM = 2000
 
 
 def default_rank(dim: int) -> int:
