@@ -245,3 +245,21 @@ def test_stein_model_on_few_draws_applies_the_stein_hessian_to_each_tangent():
     h = 0.5 * (h + h.T)
     expected = fam.hvp_pullback(p, eps, g, fam.tangent(p, eps, v) @ h, v)
     np.testing.assert_allclose(fam.stein_hvp_operator(p, eps, g)(v), expected, atol=1e-11)
+
+
+def test_cli_fits_lowrank_with_its_rank_and_reads_it_back(tmp_path, capsys):
+    """``stanvi fit --family lowrank --family-options '{"rank": 2}'``: the saved fit reads back
+    with its rank; an unknown setting is refused with the known ones."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from stanvi.cli import main  # noqa: PLC0415
+
+    model = Path(__file__).resolve().parents[2] / "stan_models" / "eight_schools"
+    base = ["fit", str(model / "eight_schools_noncentered.stan"), "--data",
+            str(model / "eight_schools.data.json"), "--quiet", "--method", "advi", "--family",
+            "lowrank", "--option", "max_iterations=200", "--output", str(tmp_path)]
+    assert main([*base, "--family-options", '{"rank": 2}']) == 0
+    back = stanvi.read(tmp_path / "eight_schools_noncentered-advi-lowrank-seed0.nc")
+    assert back.family.name == "lowrank" and back.family.rank == 2
+    assert main([*base, "--family-options", '{"k": 2}', "--name", "bad"]) == 1
+    assert "['rank']" in capsys.readouterr().err
