@@ -286,12 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="trustvi", choices=[*available(), *STAN_METHODS],
                    help="variational method (default: trustvi), or Stan's own nuts, pathfinder "
                         "or stan-advi (--option NAME=VALUE under Stan's names)")
-    p.add_argument("--family", default="meanfield", choices=["meanfield", "fullrank", "mixture"],
-                   help="variational family (default: meanfield); 'mixture' (a Gaussian mixture, "
-                        "methods advi and mlmcvi; docs/discrete.md)")
+    p.add_argument("--family", default="meanfield",
+                   choices=["meanfield", "fullrank", "lowrank", "mixture"],
+                   help="variational family (default: meanfield); 'lowrank' (diagonal plus rank "
+                        "k, --family-options '{\"rank\": k}'; docs/algorithms.md#lowrank); "
+                        "'mixture' (a Gaussian mixture, methods advi and mlmcvi; docs/discrete.md)")
     p.add_argument("--family-options", default=None, metavar="JSON",
                    help="the family's settings as a JSON object, e.g. --family-options "
-                        "'{\"n_components\": 3}' for the mixture (docs/discrete.md)")
+                        "'{\"n_components\": 3}' for the mixture (docs/discrete.md), "
+                        "'{\"rank\": 5}' for lowrank")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed, 0 to 4294967295 (default: 0)")
     p.add_argument("--hvp-method", choices=["auto", "exact", "finite_difference"], default=None,

@@ -50,11 +50,13 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
             'pathfinder' or 'stan-advi' on a Stan model (the result is a
             :class:`stanvi.reference.ReferenceFit`; their settings under Stan's names,
             docs/stan_reference.md#through-fit).
-        family: 'meanfield' (default), 'fullrank', or 'mixture' (a Gaussian mixture whose
+        family: 'meanfield' (default), 'fullrank', 'lowrank' (N(μ, diag(d²) + BBᵀ) with B of
+            rank k, docs/algorithms.md#lowrank), or 'mixture' (a Gaussian mixture whose
             weights' gradient is Rao-Blackwellized, docs/discrete.md; methods 'advi' and 'mlmcvi',
             the others refuse it with the reason).
         family_options: the family's settings, e.g. for 'mixture' ``{"n_components": 3,
-            "component_budget": 2}`` (:class:`stanvi.families.GaussianMixture`).
+            "component_budget": 2}`` (:class:`stanvi.families.GaussianMixture`), for 'lowrank'
+            ``{"rank": 5}`` (default min(10, max(1, D // 2)); :class:`stanvi.families.LowRank`).
         seed: integer seed from 0 to 2**32 - 1 (default 0); the same seed gives the same
             result.
         init: None (the method's rule), 'zero', 'random' (Stan's uniform(−2, 2)), a dict of
@@ -199,7 +201,7 @@ def make_fit(target: Target, family, result: MethodResult, *, method: str, profi
     """Draw from the final approximation and assemble the :class:`Fit`."""
     if not np.all(np.isfinite(result.params)):
         raise DivergedError(method, result.status, str(result.message or ""))
-    eps = standard_normal(purpose_key(key, 0, "output"), n_draws, family.dim)
+    eps = standard_normal(purpose_key(key, 0, "output"), n_draws, family.base_dim)
     z, log_p, log_q = estimator.log_p_and_q(result.params, eps)
     gq_note: dict = {}
     if hasattr(target, "constrain_reporting"):

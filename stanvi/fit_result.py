@@ -167,7 +167,7 @@ class Fit(CmdStanPyAccessors):
         for start in range(0, n_draws, 1024):
             n = min(1024, n_draws - start)
             vals.append(est.values(self.params, standard_normal(fold_in(key, start), n,
-                                                                self.family.dim), **kwargs))
+                                                                self.family.base_dim), **kwargs))
         v = np.concatenate(vals)
         return float(v.mean()), float(v.std(ddof=1) / np.sqrt(len(v)))
 

@@ -222,9 +222,9 @@ def read(path: str | os.PathLike) -> SavedFit | ReferenceFit:
     tree = load_datatree(nc)
     a = dict(tree.attrs)
     if a.get("stanvi_reference"):   # Stan's algorithm run by stanvi (ReferenceFit.save)
-        from stanvi.reference.result_io import from_datatree  # noqa: PLC0415
+        from stanvi.reference.result import ReferenceFit  # noqa: PLC0415
 
-        return from_datatree(tree)
+        return ReferenceFit.from_datatree(tree)
     if a.get("inference_library") != "stanvi":
         raise StanviError(f"{nc} is not a DataTree written by stanvi (inference_library = "
                           f"{a.get('inference_library')!r})")
@@ -253,7 +253,7 @@ def read(path: str | os.PathLike) -> SavedFit | ReferenceFit:
     if family_name == "fullrank" and isinstance(stored_options, dict) \
             and "fullrank_diagonal" in stored_options:
         fam_kwargs["diagonal"] = stored_options["fullrank_diagonal"]
-    fam_kwargs.update(json.loads(approx.attrs.get("family_options", "{}") or "{}"))  # mixture
+    fam_kwargs.update(json.loads(approx.attrs.get("family_options", "{}") or "{}"))  # mixture, lowrank
     family = make_family(family_name, len(unc_names), **fam_kwargs)
     data: dict[str, np.ndarray] = {}
     for g in ("observed_data", "constant_data"):

@@ -136,7 +136,8 @@ def add_batch_parser(sub) -> None:
     p.add_argument("--reference-timeout", type=float, default=3600.0,
                    help="seconds per NUTS reference (default 3600)")
     p.add_argument("--profile", default=None, help="profile for methods that name none")
-    p.add_argument("--family", default="meanfield", help="meanfield, fullrank or both, comma-separated")
+    p.add_argument("--family", default="meanfield",
+                   help="meanfield, fullrank, lowrank (default rank), comma-separated")
     p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per configuration (default 5)")
     p.add_argument("--scheduler", default=None,
                    help="address of a running Dask scheduler (default: a local cluster)")

@@ -76,9 +76,10 @@ def check_config(config: BatchConfig) -> None:
                 only = get_method(method).FAMILIES_SUPPORTED
                 raise ValueError(f"method {method!r} fits the {' or '.join(only)} family only: "
                                  f"add it to --family (e.g. --family meanfield,{only[0]})")
-    bad = [f for f in config.families if f not in ("meanfield", "fullrank")]
+    bad = [f for f in config.families if f not in ("meanfield", "fullrank", "lowrank")]
     if bad:
-        raise ValueError(f"unknown family {bad[0]!r}; choose meanfield or fullrank")
+        raise ValueError(f"unknown family {bad[0]!r}; choose meanfield, fullrank or lowrank "
+                         f"(its default rank)")
     if config.reference not in (None, "nuts"):
         raise ValueError(f"unknown reference {config.reference!r}; the batch computes 'nuts'")
     if config.seeds < 1:

@@ -15,8 +15,8 @@ def add_bench_parser(sub) -> None:
     """Add ``bench`` to the ``stanvi`` command's subparsers ``sub``."""
     p = sub.add_parser("bench", help="run a benchmark and print its figures")
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
-                                    "coldstart", "fullrank", "jointcv", "peers", "mlmcvi", "rb",
-                                    "qsgp", "local-optima", "advi-fidelity", "run-cpu",
+                                    "coldstart", "fullrank", "lowrank", "jointcv", "peers", "mlmcvi",
+                                    "rb", "qsgp", "local-optima", "advi-fidelity", "run-cpu",
                                     "verdict"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
@@ -24,6 +24,8 @@ def add_bench_parser(sub) -> None:
                         "public-stopping: the same on posteriordb posteriors; "
                         "coldstart: import + first fit in fresh processes; "
                         "fullrank: peak memory, time and accuracy of full-rank fits as D grows; "
+                        "lowrank: exactness of the diagonal-plus-low-rank family at D = 2,000 "
+                        "and its memory and time per iteration at D = 5k, 20k, 50k (--dims); "
                         "jointcv: joint control variate vs naive/cv/inc on simulated logistic "
                         "regressions (variance decomposition, ELBO curves, Stan vs JAX); "
                         "peers: TrustVI vs Stan's own ADVI and Pathfinder (single, multi-path) "
@@ -92,7 +94,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--options", default=None,
                    help="peers: TrustVI options, e.g. 'certify_rms=0.02,fixed_n0=32'")
     p.add_argument("--dims", default=None,
-                   help="fullrank: comma-separated dimensions (default 500,1000,2000)")
+                   help="fullrank: comma-separated dimensions (default 500,1000,2000); "
+                        "lowrank: the scaling dimensions (default 5000,20000,50000)")
     p.add_argument("--methods", default=None,
                    help="fullrank: comma-separated methods (default trustvi,advi); peers: among "
                         "trustvi,trustvi-fullrank,stan-advi,pathfinder,pathfinder-multi")
@@ -215,6 +218,13 @@ def run_bench(args: argparse.Namespace) -> int:
                    else fullrank_bench.DEFAULT_METHODS)
         fullrank_bench.run(dims, methods, max_memory_gb=args.max_memory,
                            timeout=args.timeout, output=Path(args.output) if args.output else None)
+        return 0
+    if args.what == "lowrank":
+        from stanvi.bench import lowrank_bench  # noqa: PLC0415
+
+        dims = (tuple(int(d) for d in args.dims.split(",")) if args.dims
+                else lowrank_bench.SCALING_DIMS)
+        lowrank_bench.run(dims, output=args.output)
         return 0
     if args.what == "jointcv":
         from stanvi.bench import jointcv_bench  # noqa: PLC0415

@@ -14,6 +14,10 @@ import numpy as np
 DIAG_MIN_DRAWS = 4000    # diagnostic draws: S_diag = max(draws, min(MAX, max(MIN, WORK // D)))
 DIAG_MAX_DRAWS = 32000
 DIAG_WORK = 64000
+#: The diagnostic draws are made and evaluated in blocks of at most this many numbers (rows × D).
+CHUNK_ENTRIES = 1 << 24
+#: The draws z are kept (for the verdict's mean shift) up to this many numbers, S · D (2 GB)
+KEEP_Z_ENTRIES = 1 << 28
 
 
 def diagnostic_draw_count(dim: int, n_output: int = 0) -> int:
@@ -40,7 +44,8 @@ def diagnostic_draw_cap(dim: int, first: int) -> int:
 
 class DiagnosticSample(NamedTuple):
     """Draws z (S, D) from q with their log p (−inf where the model failed), log q and the
-    model's messages at the failed rows (row → message)."""
+    model's messages at the failed rows (row → message); z is None where S · D is above
+    ``KEEP_Z_ENTRIES`` (then no mean shift is computed)."""
 
     log_p: np.ndarray
     log_q: np.ndarray
@@ -68,11 +73,38 @@ def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None =
     n = diagnostic_draw_count(dim, len(fit.log_p)) if n_draws is None else int(n_draws)
     entropy = [int(fit.seed if seed is None else seed), 0x5D1A6] + ([int(batch)] if batch else [])
     rng = np.random.default_rng(entropy)
-    eps = rng.standard_normal((n, dim))
+    width = int(family.base_dim)
     params = np.asarray(fit.params, dtype=float)
+    # in blocks of rows (the same draws: NumPy's generator fills row after row), so that memory
+    # stays O(CHUNK_ENTRIES) at large D (S_diag = 4,000 draws of D = 50,000 are 1.6 GB an array)
+    rows = max(1, CHUNK_ENTRIES // max(width, 1))
+    keep_z = n * dim <= KEEP_Z_ENTRIES   # the mean shift needs the draws themselves
+    parts = []
+    for start in range(0, n, rows):
+        block = _block(target, family, params, rng.standard_normal((min(rows, n - start), width)))
+        parts.append(block if keep_z else block._replace(z=None))
+    return merge_blocks(parts)
+
+
+def merge_blocks(parts: list[DiagnosticSample]) -> DiagnosticSample:
+    """One sample of several blocks of draws, in order (the messages' rows renumbered; z None
+    if any block has none)."""
+    if len(parts) == 1:
+        return parts[0]
+    messages, offset = {}, 0
+    for part in parts:
+        messages.update({offset + int(row): text for row, text in part.messages.items()})
+        offset += len(part.log_p)
+    z = None if any(p.z is None for p in parts) else np.concatenate([p.z for p in parts])
+    return DiagnosticSample(np.concatenate([p.log_p for p in parts]),
+                            np.concatenate([p.log_q for p in parts]), messages, z)
+
+
+def _block(target, family, params: np.ndarray, eps: np.ndarray) -> DiagnosticSample:
+    """log p, log q, the model's messages (by row) and the draws z at one block ``eps``."""
     if hasattr(family, "log_q_eps_np"):
         # the Gaussian families' host math (stanvi.families.host_math): z = m + A ε and
-        # log q(z) = log φ(ε) − log|det A| in NumPy, no JAX program to compile on a first fit
+        # log q(z) in NumPy, no JAX program to compile on a first fit
         z = family.sample_np(params, eps)
         log_q = family.log_q_eps_np(params, eps)
     else:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stanvi.diagnostics.draws import DiagnosticSample
+from stanvi.diagnostics.draws import DiagnosticSample, merge_blocks
 from stanvi.diagnostics.psis import psis
 
 #: A band boundary within this many standard errors of k̂ leaves the band undecided (a 90 %
@@ -76,19 +76,6 @@ def ratio_scale(log_p: np.ndarray, log_q: np.ndarray) -> float:
     return float(size.max()) if size.size else 1.0
 
 
-def merge(parts: list[DiagnosticSample]) -> DiagnosticSample:
-    """One sample of several batches of draws (the messages' rows renumbered)."""
-    if len(parts) == 1:
-        return parts[0]
-    messages, offset = {}, 0
-    for part in parts:
-        messages.update({offset + int(row): text for row, text in part.messages.items()})
-        offset += len(part.log_p)
-    return DiagnosticSample(np.concatenate([p.log_p for p in parts]),
-                            np.concatenate([p.log_q for p in parts]), messages,
-                            np.concatenate([p.z for p in parts]))
-
-
 def sample_until_decided(draw: Callable[[int, int], DiagnosticSample], first: int, cap: int,
                          threshold_of: Callable[[int], float],
                          se_of: Callable[[float, int], float],
@@ -99,7 +86,7 @@ def sample_until_decided(draw: Callable[[int, int], DiagnosticSample], first: in
     failed draws decide it at once ('unreliable' whatever k̂ is)."""
     parts = [draw(first, 0)]
     while True:
-        sample = merge(parts)
+        sample = merge_blocks(parts)
         r = sample.log_p - sample.log_q
         n = int(r.size)
         if np.mean(~np.isfinite(r)) > max_failed_fraction:

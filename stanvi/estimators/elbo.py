@@ -356,7 +356,7 @@ def valid_draws(est: ElboEstimator, params, key: jax.Array, n: int,
     failed draw makes every Hessian-vector product of the sample non-finite).  Returns the draws
     and the number of log densities evaluated.  Raises GradientFailure at ``max_drops``."""
     (eps,), _, evaluated = collect_valid(
-        lambda e: (np.isfinite(est.values(params, e)),), key, n, est.family.dim, max_drops,
+        lambda e: (np.isfinite(est.values(params, e)),), key, n, est.family.base_dim, max_drops,
         "a Hessian sample")
     return eps, evaluated
 
@@ -380,7 +380,7 @@ def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
             return np.isfinite(vals) & rows.finite_rows(), g, vals
 
         (eps, g, values), dropped, evaluated = collect_valid(
-            evaluate, key, n, est.family.dim, max_drops, "the stochastic gradient")
+            evaluate, key, n, est.family.base_dim, max_drops, "the stochastic gradient")
         rows = factored(params, g, eps, const)
         return GradientEstimate(rows.mean(axis=0), rows, values, dropped, evaluated)
 
@@ -389,5 +389,5 @@ def gradient_with_redraws(est: ElboEstimator, params, key: jax.Array, n: int,
         return np.isfinite(vals) & np.isfinite(grads).all(axis=1), grads, vals
 
     (_, per_draw, values), dropped, evaluated = collect_valid(
-        evaluate, key, n, est.family.dim, max_drops, "the stochastic gradient")
+        evaluate, key, n, est.family.base_dim, max_drops, "the stochastic gradient")
     return GradientEstimate(per_draw.mean(axis=0), per_draw, values, dropped, evaluated)

@@ -75,7 +75,7 @@ def draw_fixed_sample(est, params, key, n: int, max_drops: int, ledger) -> Fixed
     evaluation is charged to ``ledger`` (an :class:`~stanvi.methods.base.OracleLedger`): the
     sample's gradients as gradients, the failed attempts as redrawn gradients, the screening's
     log densities as screening."""
-    dim = est.family.dim
+    dim = est.family.base_dim
     eps = moment_matched(standard_normal(key, n, dim))
     values, g, grad = values_and_gradients(est, params, eps)
     if finite(values, grad):

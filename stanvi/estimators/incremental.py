@@ -51,7 +51,7 @@ class Incremental(SubsampledEstimator):
                              "averages over every term at the same ε)")
         d, n = self.d, self.n
         everyone = np.arange(n)
-        eps_all = np.broadcast_to(eps, (n, d))
+        eps_all = np.broadcast_to(eps, (n, eps.shape[0]))
         z_all = self.w_table[:, :d] + noise_rows(self.family, self.w_table, eps_all)
         g_all = row_gradients(self.family, self.w_table, eps_all,
                               self.target.term_gradients(everyone, z_all))

@@ -80,7 +80,7 @@ def stan_calc_grad(family, log_density: Callable, n: int) -> Callable:
             raise VIError(f"the {family.name!r} family's estimator {own!r} has no calc_grad: "
                           f"ADVI's SGD cannot take it")
         return calc_grad(family, log_density, n)
-    dim, n_params, limit = family.dim, family.n_params, GRAD_RETRIES * n
+    eps_dim, n_params, limit = family.base_dim, family.n_params, GRAD_RETRIES * n
     stan_pieces = stan_gradient_pieces(family)
     index = jnp.arange(n)
 
@@ -120,7 +120,8 @@ def stan_calc_grad(family, log_density: Callable, n: int) -> Callable:
 
         def body(c):
             attempt, have, dropped, acc, failed = c
-            eps = jax.random.normal(jax.random.fold_in(key, attempt), (n, dim), dtype=jnp.float64)
+            eps = jax.random.normal(jax.random.fold_in(key, attempt), (n, eps_dim),
+                                    dtype=jnp.float64)
             ok, terms = evaluate(params, eps)
             done = jnp.cumsum(ok) >= n - have
             done_at = jnp.where(done.any(), jnp.argmax(done), n)
@@ -185,7 +186,7 @@ def calc_elbo(estimator: ElboEstimator, params, key: jax.Array, n: int,
         return np.isfinite(log_p), log_p
 
     try:
-        (_, kept), _, evaluated = collect_valid(evaluate, key, n, estimator.family.dim, n,
+        (_, kept), _, evaluated = collect_valid(evaluate, key, n, estimator.family.base_dim, n,
                                                 "the ELBO")
     except GradientFailure as exc:
         if ledger is not None:

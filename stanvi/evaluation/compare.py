@@ -59,7 +59,8 @@ ELBO_DRAWS = 4000
 METHOD_NAMES = {"trustvi": "TrustVI", "advi": "ADVI", "hfsgvi": "HFSGVI", "jointcv": "jointcv",
                 "mlmcvi": "MLMCVI", "bam": "BaM", "gsm": "GSM", "stan-advi": "Stan's ADVI", "pathfinder": "Pathfinder",
                 "nuts": "NUTS"}
-FAMILY_NAMES = {"meanfield": "mean-field", "fullrank": "full-rank", "mixture": "mixture"}
+FAMILY_NAMES = {"meanfield": "mean-field", "fullrank": "full-rank", "lowrank": "low-rank",
+                "mixture": "mixture"}
 
 
 def parse_method(spec) -> tuple[str, str, dict]:

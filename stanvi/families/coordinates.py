@@ -23,13 +23,23 @@ class Coordinates:
     L_ii, K = D + D(D+1)/2.
 
     Conversions to and from the family's own layout (:meth:`to_family`, :meth:`from_family`)
-    keep q the same; a direct scale's sign is immaterial (q depends on |v|, or on LLᵀ)."""
+    keep q the same; a direct scale's sign is immaterial (q depends on |v|, or on LLᵀ).
+
+    Another reparameterized family with NumPy pullbacks (the low-rank family,
+    docs/algorithms.md#lowrank) is optimized in its own parameters with its log scale
+    (``scale="log"`` only): θ = λ, the per-draw gradient of −ELBO is minus the family's
+    ``pullback_rows``, the scale block its ``log_scale_index``."""
 
     def __init__(self, family, scale: str = "log") -> None:
         if scale not in SCALE_PARAMS:
             raise ValueError(f"scale_param must be one of {list(SCALE_PARAMS)}, got {scale!r}")
-        if not isinstance(family, (MeanField, FullRank)):
+        self.native = not isinstance(family, (MeanField, FullRank))
+        if self.native and not (hasattr(family, "pullback_rows")
+                                and hasattr(family, "log_scale_index")):
             raise TypeError(f"MLMC gradients support the Gaussian families, not {family!r}")
+        if self.native and scale != "log":
+            raise ValueError(f"the {family.name} family is optimized in its own log-scale "
+                             f"parameters: scale_param must be 'log', got {scale!r}")
         self.family = family
         self.scale = scale
         self.dim = family.dim
@@ -43,6 +53,8 @@ class Coordinates:
     def scale_index(self) -> np.ndarray:
         """Positions in θ of the per-coordinate scale parameters (ω_i or v_i / L_ii): the
         coordinates the collapse-risk check of docs/mlmcvi.md#scale-collapse watches."""
+        if self.native:
+            return self.family.log_scale_index()
         if self.fullrank:
             return self.dim + self._diag
         return np.arange(self.dim, 2 * self.dim)
@@ -60,6 +72,8 @@ class Coordinates:
     def from_family(self, params: np.ndarray) -> np.ndarray:
         """θ from the family's parameters."""
         params = np.asarray(params, dtype=float).copy()
+        if self.native:
+            return params
         d = self.dim
         if not self.fullrank:
             if self.scale == "direct":
@@ -76,6 +90,8 @@ class Coordinates:
     def to_family(self, theta: np.ndarray) -> np.ndarray:
         """The family's parameters for θ (same q)."""
         theta = np.asarray(theta, dtype=float).copy()
+        if self.native:
+            return theta
         d = self.dim
         if not self.fullrank:
             if self.scale == "direct":
@@ -95,6 +111,8 @@ class Coordinates:
     def sample(self, theta: np.ndarray, eps: np.ndarray) -> np.ndarray:
         """z = T(ε; θ) for each row of ``eps`` (n, D)."""
         theta = np.asarray(theta, dtype=float)
+        if self.native:
+            return self.family.sample_np(theta, eps)
         m = theta[: self.dim]
         if self.fullrank:
             return m + eps @ self.lower(theta).T
@@ -106,6 +124,8 @@ class Coordinates:
         (n, D)."""
         theta = np.asarray(theta, dtype=float)
         d = self.dim
+        if self.native:
+            return -self.family.pullback_rows(theta, eps, gamma)
         if not self.fullrank:
             s = theta[d:]
             if self.scale == "log":
@@ -124,6 +144,8 @@ class Coordinates:
 
     def free_energy_gradient_of_entropy(self, theta: np.ndarray) -> np.ndarray:
         """−∇_θ H(q): the ε-free part of every per-draw gradient (zero on the location)."""
+        if self.native:
+            return -self.family.entropy_grad_np(theta)
         out = np.zeros(self.n_params)
         idx = self.scale_index()
         if self.scale == "log":

@@ -300,7 +300,8 @@ FAMILIES = {"meanfield": MeanField, "fullrank": FullRank}
 
 
 def make_family(name: str, dim: int, **kwargs) -> MeanField | FullRank:
-    """A family by name ('meanfield', 'fullrank', or 'mixture': stanvi.families.mixture)."""
+    """A family by name ('meanfield', 'fullrank', 'mixture': stanvi.families.mixture, or
+    'lowrank': stanvi.families.lowrank)."""
     try:
         cls = FAMILIES[name]
     except KeyError:

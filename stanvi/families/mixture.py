@@ -118,6 +118,11 @@ class GaussianMixture:
                     + 2 * self.n_components * per_component)
 
     # ------------------------------------------------------------------ family protocol
+    @property
+    def base_dim(self) -> int:
+        """The width of a base draw: D (the first coordinate also picks the component)."""
+        return self.dim
+
     def draws_per_gradient(self, n: int) -> int:
         """Log-density gradients one ELBO gradient evaluates: M components × S draws, S =
         ``samples_per_component`` or the method's ``n``."""

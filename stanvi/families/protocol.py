@@ -2,7 +2,8 @@
 estimator tests a family's name (docs/architecture.md#layers: the family owns sampling, log q, entropy,
 parameter packing and initialization).
 
-Besides ``dim``, ``name``, ``n_params``, ``initial_params``, ``sample``, ``log_q`` and the
+Besides ``dim``, ``base_dim`` (the width of a base draw ε: D for the Gaussian families and the
+mixture, D + k for the low-rank family), ``name``, ``n_params``, ``initial_params``, ``sample``, ``log_q`` and the
 NumPy moments (``mean``, ``covariance``, ``marginal_sd``), a family answers:
 
 * ``gradient_estimator``: the name (in :data:`stanvi.estimators.registry.ESTIMATORS`) of the ELBO
@@ -42,6 +43,9 @@ class FamilyProtocol(Protocol):
     gradient_estimator: ClassVar[str | None]
 
     @property
+    def base_dim(self) -> int: ...
+
+    @property
     def n_params(self) -> int: ...
 
     def sample(self, params: jax.Array, eps: jax.Array) -> jax.Array: ...
@@ -62,6 +66,11 @@ class GaussianDefaults:
     (:class:`~stanvi.families.gaussian.MeanField`, :class:`~stanvi.families.gaussian.FullRank`)."""
 
     gradient_estimator: ClassVar[str | None] = None   # the method's estimator is valid
+
+    @property
+    def base_dim(self) -> int:
+        """The width of a base draw ε: D (z = μ + A ε with A square)."""
+        return self.dim
 
     def draws_per_gradient(self, n: int) -> int:
         """One model gradient per draw: ``n``."""

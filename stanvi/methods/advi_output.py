@@ -30,7 +30,7 @@ def output_failure(target, family, params, key: jax.Array, n: int,
     call; a failed row (thrown or non-finite, the Target convention) counts as a throw.  Not an
     oracle call (output; docs/algorithms.md#oracle-calls): charged to ``ledger`` as screening draws.
     """
-    eps = standard_normal(purpose_key(key, 0, "output"), n, family.dim)
+    eps = standard_normal(purpose_key(key, 0, "output"), n, family.base_dim)
     z = np.asarray(family.sample(jnp.asarray(params, dtype=jnp.float64), eps))
     res = target.log_density(z)
     if ledger is not None:
@@ -74,7 +74,7 @@ def sgd_end(target, family, params, key: jax.Array, opt, ledger: OracleLedger, i
             climbing = len(elbos) >= 3 and elbos[-3] < elbos[-2] < elbos[-1]
             improper = climbing and improper_direction(
                 target, family, params,
-                standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger)
+                standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.base_dim), ledger)
         if improper:
             info["sgd_status"] = status
             return "failed", f"{improper} (Stan's ADVI would report '{status}')"
@@ -114,7 +114,7 @@ def _improper_where_it_ran_away(target, family, params, params0, key: jax.Array,
     posterior)."""
     return improper_direction(
         target, family, params0,
-        standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.dim), ledger,
+        standard_normal(purpose_key(key, 0, "check"), PROBE_DRAWS, family.base_dim), ledger,
         coordinates=runaway_coordinates(family, params))
 
 
@@ -137,7 +137,7 @@ def output_draws(estimator: ElboEstimator, params, key: jax.Array, n: int = 1000
     the caller constrains z.  Use ``purpose_key(run_key, 0, 'output')`` for ``key``.
     """
     family = estimator.family
-    eps = standard_normal(key, n, family.dim)
+    eps = standard_normal(key, n, family.base_dim)
     z, log_p, _ = estimator.log_p_and_q(params, eps)
     mean = np.asarray(family.mean(jnp.asarray(params)))
     return {"z": np.vstack([mean[None, :], z]),

@@ -163,7 +163,7 @@ def honest_outcome(target, family, params, key, status: str, message: str, count
     never_moved = counts["accepted"] == 0 and counts["rejected_failure"] > 0
     if status in ("converged", "budget") and not never_moved:
         return status, message
-    eps = standard_normal(purpose_key(key, 0, "elbo"), 1024, family.dim)
+    eps = standard_normal(purpose_key(key, 0, "elbo"), 1024, family.base_dim)
     fraction, model_message = support_failures(target, family, params, eps, ledger)
     info["failing_fraction"] = fraction
     if fraction >= 0.01:

@@ -118,7 +118,7 @@ def step(state: State, t: int, *, o: Options, est, family, key: jax.Array,
                                          f"overflow: the gradient failed at iteration {t}: {exc}"))
     ledger.gradient(o.n_grad)
     ledger.redrawn(ge.n_evaluated - o.n_grad)
-    eps_h = standard_normal(purpose_key(key, t, "hessian"), o.n_hess, family.dim)
+    eps_h = standard_normal(purpose_key(key, t, "hessian"), o.n_hess, family.base_dim)
 
     def neg_hvp(v, _eps=eps_h, _params=params):
         return -est.hvp(_params, _eps, v) + o.damping * v

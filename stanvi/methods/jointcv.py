@@ -255,7 +255,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     params, init_source = initial_params(family, o, context, rng)
     ledger = DataLedger(n_terms=n)
     trace = Trace()
-    eval_eps = eval_rng.standard_normal((o.elbo_draws, family.dim))
+    eval_eps = eval_rng.standard_normal((o.elbo_draws, family.base_dim))
 
     def evaluate(p: np.ndarray, seconds: float) -> dict[str, float]:
         """The full-data ELBO row at ``p``; ``eval_time``: the evaluations' seconds so far."""
@@ -276,7 +276,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
 
     def step(state: State, k: int) -> StepOutcome:
         idx, epoch_end, schedule = next_batch(n, b, rng, state.schedule)
-        eps = rng.standard_normal((len(idx), family.dim) if o.per_datum_eps else family.dim)
+        eps = rng.standard_normal((len(idx), family.base_dim) if o.per_datum_eps
+                                  else family.base_dim)
         before = sub.terms.snapshot()
         try:
             if state.warmup:

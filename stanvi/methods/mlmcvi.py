@@ -206,8 +206,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     snr_rng = np.random.default_rng(int(seeds[1]))
     eval_rng = np.random.default_rng(int(seeds[2]))
     kind = "rqmc" if o.estimator == "rqmc" else "mc"
-    draw = noise_source(rng, kind, family.dim)
-    snr_draw = noise_source(snr_rng, kind, family.dim)
+    draw = noise_source(rng, kind, family.base_dim)
+    snr_draw = noise_source(snr_rng, kind, family.base_dim)
     T = o.max_iters
     baseline_n = o.baseline_draws or equal_cost_draws(sched, o.n0, T)
     ratio = cost_ratio(sched, o.n0, T)
@@ -227,7 +227,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
                                             log_scale0=o.log_scale0)
     theta0 = coords.from_family(params0)
     trace = Trace(compile_clock=compile_clock(context.estimator))
-    eval_eps = eval_rng.standard_normal((o.elbo_draws, family.dim))
+    eval_eps = eval_rng.standard_normal((o.elbo_draws, family.base_dim))
     est = context.estimator
 
     def evaluate(params: np.ndarray, seconds: float) -> dict[str, float]:
@@ -242,7 +242,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         return {"elbo": elbo, "elbo_se": se, "eval_time": seconds + time.perf_counter() - t0}
 
     def certify(params: np.ndarray) -> float:
-        eps = eval_rng.standard_normal((CERTIFY_DRAWS, family.dim))
+        eps = eval_rng.standard_normal((CERTIFY_DRAWS, family.base_dim))
         gain = natural_gain(est, family, params, eps)
         ledger.gradient(CERTIFY_DRAWS)
         return gain

@@ -66,8 +66,7 @@ def check_family(family, method: str) -> None:
         raise ValueError(
             f"method {method!r} fits a full-rank Gaussian by closed-form updates of its mean and "
             f"covariance: use family='fullrank' (got {getattr(family, 'name', family)!r}). "
-            f"(The low-rank-plus-diagonal BaM variant of the authors is future work: stanvi has "
-            f"no low-rank family yet.)")
+            f"(BaM's low-rank-plus-diagonal variant for family='lowrank' is not built yet.)")
 
 
 def check_options(method: str, options, choices: dict[str, tuple[str, ...]]) -> None:

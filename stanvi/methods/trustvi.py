@@ -173,7 +173,7 @@ def step(setup: _Setup, state: State, k: int) -> StepOutcome:
                                    ("failed", f"failed_hessian at iteration {k}: {exc}"))
             ledger.screening(screened)
         else:
-            hess_eps = standard_normal(hess_key, o.n_hess * r, family.dim)
+            hess_eps = standard_normal(hess_key, o.n_hess * r, family.base_dim)
         hess_reuses = 0
     else:
         hess_reuses += 1
@@ -230,7 +230,7 @@ def step(setup: _Setup, state: State, k: int) -> StepOutcome:
         counts["rejected_lambda"] += 1
     else:
         n_pairs = n_change
-        eps_c = standard_normal(purpose_key(key, k, "change"), n_pairs, family.dim)
+        eps_c = standard_normal(purpose_key(key, k, "change"), n_pairs, family.base_dim)
         diffs = est.pair_differences(params + s, params, eps_c)
         ledger.elbo_change(n_pairs)
         if not np.all(np.isfinite(diffs)):

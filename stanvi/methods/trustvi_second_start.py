@@ -180,7 +180,7 @@ def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
     info = setup.info
     info.update(second_paths_run=len(results), second_path=False, second_paths_tried=0,
                 second_paths_stopped=sum(r.status == STOPPED for r in results))
-    eps = standard_normal(purpose_key(setup.key, 1, "init"), SCREEN_DRAWS, family.dim)
+    eps = standard_normal(purpose_key(setup.key, 1, "init"), SCREEN_DRAWS, family.base_dim)
     first_elbo = None
     modes: list = []
     for path, res in enumerate(results):
@@ -251,7 +251,7 @@ def _paired_gap(est, family, a: np.ndarray, b: np.ndarray, key,
                 ledger: OracleLedger) -> tuple[float, float]:
     """ELBO(a) − ELBO(b) on ``COMPARE_DRAWS`` common fresh draws and its standard error (−inf
     when q_a fails where q_b does not)."""
-    eps = standard_normal(purpose_key(key, 0, "check"), COMPARE_DRAWS, family.dim)
+    eps = standard_normal(purpose_key(key, 0, "check"), COMPARE_DRAWS, family.base_dim)
     diff = est.values(a, eps) - est.values(b, eps)
     ledger.elbo_estimate(2 * COMPARE_DRAWS)
     if not np.all(np.isfinite(diff)):

@@ -10,7 +10,10 @@ nats short for every method tried).  Pathfinder (Zhang, Carpenter, Gelman & Veht
    log p from the initial point, at most ``max_iters`` iterations; one gradient per evaluation.
 2. The Hessian H at the end point, from D Hessian-vector products in one batched call.
 3. q₀ = N(z*, diag(1/Λ_ii)) for mean-field (the mean-field optimum if p were Gaussian with
-   precision Λ = −H; Bishop 2006, §10.1.2), N(z*, Λ⁻¹) for full rank.
+   precision Λ = −H; Bishop 2006, §10.1.2), N(z*, Λ⁻¹) for full rank, a diagonal-plus-rank-k
+   fit of Λ⁻¹ for the low-rank family (docs/algorithms.md#lowrank; above its
+   ``dense_precision_max_dim`` no Hessian is formed and q₀ is centred at z* with the default
+   scales).
 4. A safeguard, since a mode need not exist or be representative (a funnel's density is
    unbounded at its neck): the ELBO of q₀ and of the method's own initial q are estimated on the
    same ``n_compare`` draws, and the warm start is kept only if it is higher.
@@ -97,6 +100,11 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     dim = family.dim
     if not np.all(np.isfinite(z_star)):
         return None, "L-BFGS ended at a non-finite point"
+    limit = getattr(family, "dense_precision_max_dim", None)
+    if limit is not None and dim > limit:
+        # a family that must not hold a D × D matrix (the low-rank family at large D): q₀
+        # centred at the mode with the family's default scales, no Hessian evaluated
+        return family.params_from_mode(z_star, log_scale0), ""
     res = target.log_density_hvp(np.tile(z_star, (dim, 1)), np.eye(dim))
     ledger.hvp(1, dim)
     if res.hvp is None or not np.all(res.ok) or not np.all(np.isfinite(res.hvp)):
@@ -132,7 +140,7 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
                                 log_scale0)
     if laplace is None:
         return default_params, {**info, "warm_start": "default", "warm_start_reason": reason}
-    eps = standard_normal(key, n_compare, family.dim)
+    eps = standard_normal(key, n_compare, family.base_dim)
     elbo_laplace = mean_elbo(est, laplace, eps)
     elbo_default = mean_elbo(est, default_params, eps)
     ledger.elbo_estimate(2 * n_compare)

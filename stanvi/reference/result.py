@@ -186,6 +186,13 @@ class ReferenceFit:
 
         return to_datatree(self)
 
+    @classmethod
+    def from_datatree(cls, tree) -> "ReferenceFit":
+        """The run that :meth:`to_arviz` wrote (``stanvi.read`` of a saved run)."""
+        from stanvi.reference.result_io import fields_from_datatree  # noqa: PLC0415
+
+        return cls(**fields_from_datatree(tree))
+
     def save(self, directory, *, basename: str | None = None,
              overwrite: bool = False) -> dict[str, Path]:
         """Write the run to ``directory`` as ``<name>.csv`` (one row per draw, chain after

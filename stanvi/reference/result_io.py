@@ -39,11 +39,17 @@ def _json(value: Any) -> str:
     return json.dumps(plain(value))
 
 
+def _by_chain(arr: np.ndarray, chains: int) -> np.ndarray:
+    arr = np.asarray(arr)
+    return arr.reshape(chains, arr.shape[0] // chains, *arr.shape[1:])
+
+
 def to_datatree(fit):
-    """The run as a DataTree (module docstring)."""
+    """The run (a :class:`~stanvi.reference.result.ReferenceFit`) as a DataTree (module
+    docstring)."""
     from arviz_base import from_dict  # noqa: PLC0415
 
-    stats = {RENAME.get(k, k): fit._by_chain(v) for k, v in fit.stan_columns.items()}
+    stats = {RENAME.get(k, k): _by_chain(v, fit.chains) for k, v in fit.stan_columns.items()}
     if "diverging" in stats:
         stats["diverging"] = stats["diverging"].astype(bool)
     dims, coords = {}, {}
@@ -52,7 +58,7 @@ def to_datatree(fit):
         for k, n in enumerate(arr.shape[1:]):
             coords[f"{name}_dim_{k}"] = np.arange(1, n + 1)
     group_attrs = {"inference_library": "stanvi", "algorithm": fit.algorithm}
-    tree = from_dict({"posterior": {k: fit._by_chain(v) for k, v in fit.draws.items()},
+    tree = from_dict({"posterior": {k: _by_chain(v, fit.chains) for k, v in fit.draws.items()},
                       "sample_stats": stats}, dims=dims, coords=coords,
                      attrs={"posterior": group_attrs, "sample_stats": group_attrs})
     attrs = {"inference_library": "stanvi", "stanvi_reference": fit.algorithm,
@@ -68,10 +74,9 @@ def to_datatree(fit):
     return tree
 
 
-def from_datatree(tree):
-    """The :class:`~stanvi.reference.result.ReferenceFit` that :func:`to_datatree` wrote."""
-    from stanvi.reference.result import ReferenceFit  # noqa: PLC0415
-
+def fields_from_datatree(tree) -> dict[str, Any]:
+    """The fields of the :class:`~stanvi.reference.result.ReferenceFit` that
+    :func:`to_datatree` wrote (``ReferenceFit.from_datatree`` builds it)."""
     a = dict(tree.attrs)
     post = tree["posterior"].to_dataset()
     stats = tree["sample_stats"].to_dataset()
@@ -86,7 +91,7 @@ def from_datatree(tree):
     algorithm = str(a["stanvi_reference"])
     ratio = RATIO_COLUMNS.get(algorithm.split("-multi")[0])
     loaded = {k: json.loads(a[k]) for k in ("sampler_diagnostics", "elbo_trace", "mean") if k in a}
-    return ReferenceFit(
+    return dict(
         algorithm=algorithm, model_name=str(a["model"]),
         draws={k: flat(post[k].values) for k in post.data_vars}, stan_columns=columns,
         chains=int(a["chains"]), gradient_evaluations=a.get("gradient_evaluations"),

@@ -6,10 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from stanvi.diagnostics.draws import DiagnosticSample, diagnostic_draw_cap, gaussian_draws
+from stanvi.diagnostics.draws import (DiagnosticSample, diagnostic_draw_cap, gaussian_draws,
+                                     merge_blocks)
 from stanvi.diagnostics.report import (MAX_FAILED_FRACTION, compute, decided_diagnostics,
                                        khat_standard_error, khat_threshold)
-from stanvi.diagnostics.verdict import (DECISION_Z, MEAN_SHIFT_LIMIT, mean_shift, merge,
+from stanvi.diagnostics.verdict import (DECISION_Z, MEAN_SHIFT_LIMIT, mean_shift,
                                         open_boundaries, sample_until_decided)
 from stanvi.reference.diagnostics import quadratic_gaussian
 
@@ -71,7 +72,7 @@ def test_failed_draws_decide_at_once():
 def test_merge_renumbers_the_failed_rows_messages():
     a = DiagnosticSample(np.zeros(3), np.zeros(3), {1: "a"}, np.zeros((3, 1)))
     b = DiagnosticSample(np.zeros(2), np.zeros(2), {0: "b"}, np.ones((2, 1)))
-    m = merge([a, b])
+    m = merge_blocks([a, b])
     assert m.messages == {1: "a", 3: "b"} and m.z[:, 0].tolist() == [0, 0, 0, 1, 1]
 
 

@@ -104,7 +104,7 @@ def test_initial_params(family, log_scale0):
 
 
 def test_make_family_and_bad_arguments():
-    assert set(FAMILIES) == {"meanfield", "fullrank", "mixture"}   # mixture: stanvi.families.mixture
+    assert set(FAMILIES) == {"meanfield", "fullrank", "mixture", "lowrank"}   # mixture, lowrank: own modules
     assert make_family("meanfield", 3) == MeanField(3)
     assert make_family("fullrank", 3, diagonal="log") == FullRank(3, diagonal="log")
     with pytest.raises(ValueError, match="unknown family 'gauss'"):

@@ -1,0 +1,245 @@
+"""The diagonal-plus-low-rank Gaussian family (docs/algorithms.md#lowrank):
+
+    q_λ = N(μ, diag(d²) + B Bᵀ),   d = e^ω,   B of shape D × k,
+
+λ = (μ (D), ω (D), vec B row by row (D k)), P = D(k + 2) parameters.  Sampling is
+reparameterized with base draws of width D + k (``base_dim``): z = μ + d ⊙ ε₁ + B ε₂,
+ε = (ε₁, ε₂) ~ N(0, I_{D+k}), so z − μ has covariance diag(d²) + BBᵀ exactly.  log q uses the
+Woodbury identity and the entropy the matrix determinant lemma (with W = diag(d)⁻¹B,
+C = I_k + WᵀW):
+
+    log det Σ = 2 Σ ω + log det C,    H(q) = D/2 (1 + log 2π) + Σ ω + ½ log det C.
+
+B is kept lower trapezoidal (B_ij = 0 for j > i, the entries above the diagonal are stored and
+ignored): the same family (every B = LQ with L lower trapezoidal), without the k(k − 1)/2 flat
+directions B ↦ BR along which the ELBO does not change and its Hessian is singular
+(:mod:`stanvi.families.lowrank_host`).
+
+Every piece is O(D k²) time and O(D k) memory per draw; only :meth:`LowRank.covariance` (for
+tests and small D) forms the D × D matrix.  The NumPy pieces the host path and the methods use
+are in :mod:`stanvi.families.lowrank_host`.
+
+The default rank is :func:`default_rank` (min(10, max(1, ⌊D/2⌋))); B starts at a small fixed
+pseudo-random matrix (:meth:`LowRank.initial_factor`), because B = 0 is a stationary point of
+the ELBO in B (the gradient there, E[g ε₂ᵀ] + Σ⁻¹B, is zero).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from stanvi.families.lowrank_host import LowRankHostMath, trapezoid_mask
+from stanvi.families.protocol import GaussianDefaults
+
+LOG_2PI = math.log(2.0 * math.pi)
+#: The largest rank :func:`default_rank` chooses.
+DEFAULT_MAX_RANK = 10
+#: B₀ = INIT_FACTOR · e^{ω₀} · R/√k with R a fixed standard-normal matrix: q₀'s marginal variances
+#: exceed e^{2ω₀} by about INIT_FACTOR² (1 %).
+INIT_FACTOR = 0.1
+#: The Laplace warm start forms the D × D precision only up to this dimension
+#: (:meth:`LowRank.params_from_precision`); above it, q₀ is centred at the mode with the default
+#: scales (docs/algorithms.md#lowrank).
+DENSE_PRECISION_MAX_DIM = 2000
+
+
+def default_rank(dim: int) -> int:
+    """The rank when none is given: min(10, max(1, ⌊D/2⌋)) (docs/algorithms.md#lowrank)."""
+    return int(min(DEFAULT_MAX_RANK, max(1, int(dim) // 2)))
+
+
+@dataclass(frozen=True)
+class LowRank(LowRankHostMath, GaussianDefaults):
+    """Gaussian N(μ, diag(e^{2ω}) + B Bᵀ) with B of shape (dim, rank) (module docstring)."""
+
+    dim: int
+    rank: int | None = None
+    name: str = "lowrank"
+
+    def __post_init__(self) -> None:
+        rank = default_rank(self.dim) if self.rank is None else self.rank
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
+            raise ValueError(f"lowrank: rank must be a positive integer, got {self.rank!r}")
+        if rank > self.dim:
+            raise ValueError(f"lowrank: rank {rank} exceeds the dimension {self.dim} (use "
+                             f"family='fullrank')")
+        object.__setattr__(self, "rank", int(rank))
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def n_params(self) -> int:
+        return self.dim * (self.rank + 2)
+
+    @property
+    def base_dim(self) -> int:
+        """Width of a base draw ε = (ε₁, ε₂): D + k."""
+        return self.dim + self.rank
+
+    @property
+    def min_curvature_draws(self) -> int:
+        """Draws for a nonsingular sampled Hessian: a row of B has Hessian Σ_j ε₂ⱼ ε₂ⱼᵀ (k × k),
+        singular for fewer than k draws; 2(k + 1), as the full-rank family's 2(D + 1)."""
+        return 2 * (self.rank + 1)
+
+    @property
+    def vector_scale(self) -> bool:
+        """q's scale is not one number per coordinate (docs/jointcv.md#full-rank)."""
+        return False
+
+    def family_options(self) -> dict[str, Any]:
+        """``{"rank": k}``: a saved fit rebuilds the same family."""
+        return {"rank": self.rank}
+
+    def log_g_offset(self, params) -> float:
+        """D/2 log 2π: Stan's ``log_g__`` as log q without the N(0, I) constant (the map
+        ε ↦ z is not square, so −½‖ε‖² is not log q up to a constant)."""
+        return 0.5 * self.dim * LOG_2PI
+
+    def log_scale_index(self) -> np.ndarray:
+        """Positions of ω in λ (MLMCVI's scale-collapse check)."""
+        return np.arange(self.dim, 2 * self.dim)
+
+    # ------------------------------------------------------------------ initialization
+    def initial_factor(self, log_scale0: float) -> np.ndarray:
+        """B₀ (D, k) = INIT_FACTOR · e^{log_scale0} · R/√k, R standard normal from NumPy's
+        generator with seed 0 (the start depends on D, k and log_scale0 only)."""
+        R = np.random.default_rng(0).standard_normal((self.dim, self.rank))
+        R = R * trapezoid_mask(self.dim, self.rank)
+        return INIT_FACTOR * math.exp(float(log_scale0)) * R / math.sqrt(self.rank)
+
+    def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
+        """λ₀ = (μ₀, ω₀·1, vec B₀) (:meth:`initial_factor`)."""
+        return np.concatenate([np.asarray(mu0, dtype=float), np.full(self.dim, float(log_scale0)),
+                               self.initial_factor(log_scale0).ravel()])
+
+    def diagonal_params(self, mu: np.ndarray, log_sd: np.ndarray) -> np.ndarray:
+        """λ of N(μ, diag(e^{2 log_sd})) plus the small B₀ of :meth:`initial_factor` at the
+        median log sd (B = 0 is a stationary point of the ELBO in B)."""
+        log_sd = np.asarray(log_sd, dtype=float)
+        return np.concatenate([np.asarray(mu, dtype=float), log_sd,
+                               self.initial_factor(float(np.median(log_sd))).ravel()])
+
+    def params_from_covariance(self, mu: np.ndarray, cov: np.ndarray) -> np.ndarray:
+        """λ of a diagonal-plus-rank-k fit of a dense covariance (small D): B from its top k
+        eigenpairs, U_k (Λ_k − s I)^{1/2} with s the mean of the other eigenvalues (probabilistic
+        PCA, Tipping & Bishop 1999, Eq. 15; Pathfinder's factored inverse Hessian is of the same
+        form), and d² = diag(Σ) − rowsum(B²), floored at 1e-3 diag(Σ), so the marginal variances
+        are Σ's."""
+        cov = 0.5 * (np.asarray(cov, dtype=float) + np.asarray(cov, dtype=float).T)
+        vals, vecs = np.linalg.eigh(cov)
+        order = np.argsort(vals)[::-1]
+        vals, vecs = vals[order], vecs[:, order]
+        k = self.rank
+        rest = vals[k:]
+        s = float(rest.mean()) if rest.size else 0.0
+        B = vecs[:, :k] * np.sqrt(np.maximum(vals[:k] - max(s, 0.0), 0.0))
+        B = np.linalg.qr(B.T)[1].T     # the lower-trapezoidal L of B = LQ (same BBᵀ)
+        var = np.diagonal(cov)
+        d2 = np.maximum(var - np.sum(B * B, axis=1), 1e-3 * var)
+        return np.concatenate([np.asarray(mu, dtype=float), 0.5 * np.log(d2), B.ravel()])
+
+    def params_from_precision(self, mu: np.ndarray, precision: np.ndarray,
+                              log_scale0: float) -> np.ndarray:
+        """The Laplace start's λ from the precision Λ at the mode (D ≤
+        ``DENSE_PRECISION_MAX_DIM``): :meth:`params_from_covariance` of Λ⁻¹ when Λ is positive
+        definite, else the mean-field rule d = 1/√Λ_ii (``exp(log_scale0)`` where Λ_ii ≤ 0) with
+        the default B₀."""
+        prec = 0.5 * (np.asarray(precision, dtype=float) + np.asarray(precision, dtype=float).T)
+        try:
+            np.linalg.cholesky(prec)
+            cov = np.linalg.inv(prec)
+            if np.all(np.isfinite(cov)):
+                out = self.params_from_covariance(mu, cov)
+                if np.all(np.isfinite(out)):
+                    return out
+        except np.linalg.LinAlgError:
+            pass
+        diag = np.diagonal(prec)
+        ok = np.isfinite(diag) & (diag > 0)
+        omega = np.where(ok, -0.5 * np.log(np.where(ok, diag, 1.0)), float(log_scale0))
+        return np.concatenate([np.asarray(mu, dtype=float), omega,
+                               self.initial_factor(float(np.median(omega))).ravel()])
+
+    @property
+    def dense_precision_max_dim(self) -> int:
+        """Above this D the Laplace warm start does not form the precision
+        (:func:`stanvi.methods.warm_start.laplace_q` then calls :meth:`params_from_mode`)."""
+        return DENSE_PRECISION_MAX_DIM
+
+    def params_from_mode(self, mu: np.ndarray, log_scale0: float) -> np.ndarray:
+        """The Laplace start without a Hessian (large D): q₀ centred at the mode ``mu`` with the
+        default scales of :meth:`initial_params`."""
+        return self.initial_params(mu, log_scale0)
+
+    # ------------------------------------------------------------------ JAX pieces
+    def split(self, params: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(μ, ω, B (D, k)), B's entries above the diagonal zeroed (module docstring)."""
+        D, k = self.dim, self.rank
+        i = jax.lax.broadcasted_iota(jnp.int32, (D, k), 0)
+        j = jax.lax.broadcasted_iota(jnp.int32, (D, k), 1)
+        return params[:D], params[D:2 * D], jnp.where(j <= i, params[2 * D:].reshape(D, k), 0.0)
+
+    def sample(self, params: jax.Array, eps: jax.Array) -> jax.Array:
+        """z = μ + e^ω ⊙ ε₁ + B ε₂ for each row of ``eps`` (n, D + k)."""
+        mu, omega, B = self.split(params)
+        return mu + jnp.exp(omega) * eps[:, : self.dim] + eps[:, self.dim:] @ B.T
+
+    def _chol_core(self, omega: jax.Array, B: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(W = e^{−ω} ⊙ B, the Cholesky factor of C = I + WᵀW)."""
+        W = B * jnp.exp(-omega)[:, None]
+        return W, jnp.linalg.cholesky(jnp.eye(self.rank) + W.T @ W)
+
+    def entropy(self, params: jax.Array) -> jax.Array:
+        """H(q) = D/2 (1 + log 2π) + Σ ω + ½ log det(I_k + WᵀW) (docs/algorithms.md#lowrank)."""
+        _, omega, B = self.split(params)
+        _, chol = self._chol_core(omega, B)
+        return (0.5 * self.dim * (1.0 + LOG_2PI) + jnp.sum(omega)
+                + jnp.sum(jnp.log(jnp.diagonal(chol))))
+
+    def log_q(self, params: jax.Array, z: jax.Array) -> jax.Array:
+        """log q(z) for each row of z (n, D): rᵀΣ⁻¹r = ‖y‖² − ‖L_C⁻¹ Wᵀy‖², y = e^{−ω} ⊙ r
+        (Woodbury), log det Σ = 2Σω + 2 Σ log diag L_C (docs/algorithms.md#lowrank)."""
+        mu, omega, B = self.split(params)
+        W, chol = self._chol_core(omega, B)
+        y = (z - mu) * jnp.exp(-omega)
+        t = jax.scipy.linalg.solve_triangular(chol, (y @ W).T, lower=True).T
+        quad = jnp.sum(y * y, axis=-1) - jnp.sum(t * t, axis=-1)
+        return (-0.5 * quad - jnp.sum(omega) - jnp.sum(jnp.log(jnp.diagonal(chol)))
+                - 0.5 * self.dim * LOG_2PI)
+
+    # ------------------------------------------------------------------ moments (NumPy)
+    def mean(self, params) -> np.ndarray:
+        return np.asarray(params, dtype=float)[: self.dim]
+
+    def covariance(self, params) -> np.ndarray:
+        """diag(d²) + BBᵀ (D, D): for tests and small D only."""
+        _, d, B = self.parts_np(params)
+        return np.diag(d * d) + B @ B.T
+
+    def marginal_sd(self, params: np.ndarray) -> np.ndarray:
+        """sqrt(d² + rowsum(B²)), in NumPy."""
+        _, d, B = self.parts_np(params)
+        return np.sqrt(d * d + np.sum(B * B, axis=1))
+
+    def metric_scale(self, params: np.ndarray) -> np.ndarray:
+        """Square roots of a diagonal stand-in for q's Fisher information in λ
+        (docs/algorithms.md#lowrank): for μ_i the exact Fisher diagonal √(Σ⁻¹)_ii; for ω_i
+        √2, the mean-field value (:meth:`stanvi.families.gaussian.MeanField.metric_scale`; the
+        exact √2 h_i, h_i = d_i²(Σ⁻¹)_ii ∈ (0, 1], is small where B carries coordinate i, and
+        steps that large on a nearly flat ω_i let MLMCVI's noisy iterates collapse d_i); for
+        B_ij √(Σ⁻¹)_ii, the curvature scale of the ELBO in B_ij near q ≈ p (the Fisher diagonal
+        itself vanishes at B = 0).  diag(Σ⁻¹) = h/d² by Woodbury, O(D k²).  Rescaling model
+        coordinate i by c rescales μ_i, B_i· and 1/√(Σ⁻¹)_ii alike."""
+        _, d, _ = self.parts_np(params)
+        h = self.entropy_grad_np(params)[self.dim:2 * self.dim]
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            root = np.sqrt(h) / d
+        root = np.where(np.isfinite(root) & (root > 0), root, 1.0)
+        return np.concatenate([root, np.full(self.dim, math.sqrt(2.0)),
+                               np.repeat(root, self.rank)])
