@@ -17,6 +17,10 @@ draws, and its stability across seeds (issue T3-5 item 1; docs/diagnostics.md#ch
   estimate) agree within ``ELBO_AGREE`` = 0.1 nat, the fraction whose seeds all get the same
   verdict.
 
+Records written before "good" needed a decided band (stanvi.diagnostics.verdict) are read
+with that rule applied (:func:`current_verdict`: a borderline "good" is "use with care"; the
+record keeps ``borderline``, so this is exact).
+
 :func:`check` takes the fit records of a batch store (``stanvi batch --reference ...``;
 :class:`stanvi.batch.store.RunStore`); ``stanvi bench verdict --records DIR,...`` prints it.
 """
@@ -63,6 +67,14 @@ def w1_error(record: dict[str, Any]) -> float:
     acc = (record.get("accuracy") or {}).get("constrained") or {}
     value = acc.get("w1_sd_median", record.get("w1_sd"))
     return float(value) if value is not None else math.nan
+
+
+def current_verdict(record: dict[str, Any]) -> str | None:
+    """The record's verdict under today's rule: "good" only with a decided band."""
+    verdict = record.get("verdict")
+    if verdict == "good" and (record.get("verdict_figures") or {}).get("borderline"):
+        return "use with care"
+    return verdict
 
 
 def config(record: dict[str, Any]) -> str:
@@ -118,7 +130,8 @@ def stability(records: list[dict[str, Any]]) -> dict[str, Any]:
 def check(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """:func:`agreement` over every fit record with a verdict and a reference, and per
     configuration; :func:`stability` over every fit record with a verdict."""
-    records = [r for r in records if r.get("verdict") in BANDS]
+    records = [{**r, "verdict": current_verdict(r)} for r in records
+               if r.get("verdict") in BANDS]
     judged = [r for r in records if mean_error(r) is not None]
     per = defaultdict(list)
     for r in judged:

@@ -294,6 +294,9 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
             elbo_se = float(fin.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
     tau = khat_threshold(n)
     v = verdict(k, n, frac)
+    borderline = not decided and bool(open_boundaries(k, khat_standard_error(float(k), n), tau))
+    if v == "good" and borderline:   # 'good' only when k̂ is below 0.5 with confidence
+        v = "use with care"
     shifts, sd_ratios = (mean_shift(z, lw_diag) if z is not None and np.ndim(z) == 2 and n
                          else (None, None))
     shift = float(np.max(shifts)) if shifts is not None and np.isfinite(shifts).any() else math.nan
@@ -334,7 +337,6 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
         warns.insert(0, f"importance weighting moves q's mean by {shift:.2f} of q's sd (in "
                         f"coordinate {int(np.nanargmax(shifts)) + 1}; above {MEAN_SHIFT_LIMIT}"
                         "): q's means are off, whatever k-hat says")
-    borderline = not decided and bool(open_boundaries(k, khat_standard_error(float(k), n), tau))
     return Diagnostics(khat=float(k), threshold=tau, verdict=v, ess=ess, ess_raw=ess_raw,
                        n_draws=n, n_failed=n_failed, elbo=elbo, elbo_se=elbo_se,
                        log_weights=lw, log_ratios=r, status=status, message=message, method=method,

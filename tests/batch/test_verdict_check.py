@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from stanvi.batch.verdict_check import check, report_text, roc_auc
+from stanvi.batch.verdict_check import check, current_verdict, report_text, roc_auc
 
 
 def test_roc_auc_exact_values():
@@ -44,3 +44,11 @@ def test_check_counts_the_confusion_table_and_the_seeds_that_flip():
     assert st["flipped"] == ["b trustvi:default:meanfield: unreliable, use with care"]
     text = report_text(figs)
     assert "same verdict on every seed: 1 of 2" in text and "trustvi:default:meanfield" in text
+
+
+def test_a_borderline_good_record_is_read_as_use_with_care():
+    record = {"verdict": "good", "verdict_figures": {"borderline": True}}
+    assert current_verdict(record) == "use with care"
+    assert current_verdict({"verdict": "good", "verdict_figures": {"borderline": False}}) == "good"
+    assert current_verdict({"verdict": "unreliable", "verdict_figures": {"borderline": True}}) \
+        == "unreliable"

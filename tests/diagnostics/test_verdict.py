@@ -57,6 +57,16 @@ def test_a_band_at_a_boundary_doubles_the_draws_up_to_the_cap():
     assert abs(d.khat - 0.5) < 2 * d.khat_se   # the larger sample pins k-hat down
 
 
+def test_good_needs_a_decided_band():
+    # k-hat 0.41 +/- 0.06 at the cap: below 0.5, but not with 90 % confidence -> 'use with care'
+    sample, decided, _ = _run(0.47)
+    d = compute(sample.log_p, sample.log_q, z=sample.z, decided=decided)
+    assert not decided and d.borderline and d.khat < 0.5 and d.verdict == "use with care"
+    clear, decided, _ = _run(0.44)
+    d = compute(clear.log_p, clear.log_q, z=clear.z, decided=decided)
+    assert decided and not d.borderline and d.khat < 0.5 and d.verdict == "good"
+
+
 def test_failed_draws_decide_at_once():
     calls = []
 
