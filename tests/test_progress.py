@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import logging
 import time
 
@@ -147,11 +148,27 @@ def test_task_progress_disabled_logs_at_debug(stanvi_log):
     assert records[-1].getMessage().startswith("batch: 1/2 done (1 failed), 0 running")
 
 
+def _read_all(fd: int, wait: float = 2.0) -> str:
+    """What the pseudo-terminal has for us: read until it stays quiet for 0.2 s (its data can
+    arrive in pieces on a loaded machine), at most ``wait`` seconds."""
+    import select  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    chunks, end = [], time.monotonic() + wait
+    while time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            if chunks:
+                break
+            continue
+        chunks.append(os.read(fd, 4096))
+    return b"".join(chunks).decode()
+
+
 def test_a_terminal_of_zero_columns_gets_plain_lines():
     """A pseudo-terminal with no size (some CI runners, ``script``): a tqdm bar there draws
     nothing at all, so each status is a line of its own, as off a terminal."""
     import fcntl  # noqa: PLC0415
-    import os  # noqa: PLC0415
     import pty  # noqa: PLC0415
     import struct  # noqa: PLC0415
     import termios  # noqa: PLC0415
@@ -165,7 +182,6 @@ def test_a_terminal_of_zero_columns_gets_plain_lines():
             bar.update(k, elbo=-1.5 * k)
         bar.close()
         stream.flush()
-        os.set_blocking(main, False)
-        text = os.read(main, 4096).decode()
+        text = _read_all(main)
     os.close(main)
     assert "trustvi: 2 it" in text and "elbo=-3" in text

@@ -195,8 +195,9 @@ def test_plan_and_method_list():
         check_config(BatchConfig(methods=(("nuts", None),), options={"nuts": {"adapt_delta": 1}}))
     with pytest.raises(ValueError, match="unknown profile 'fast'"):
         check_config(BatchConfig(methods=(("advi", "fast"),)))
-    with pytest.raises(ValueError, match="unknown family"):
-        check_config(BatchConfig(families=("lowrank",)))
+    with pytest.raises(ValueError, match="unknown family 'sparse'"):
+        check_config(BatchConfig(families=("sparse",)))
+    check_config(BatchConfig(families=("lowrank",)))   # T3-6: its default rank
 
 
 def test_cli_errors_name_what_is_wrong(tmp_path, capsys):
