@@ -16,8 +16,9 @@ DIAG_MAX_DRAWS = 32000
 DIAG_WORK = 64000
 #: The diagnostic draws are made and evaluated in blocks of at most this many numbers (rows × D).
 CHUNK_ENTRIES = 1 << 24
-#: The draws z are kept (for the verdict's mean shift) up to this many numbers, S · D (2 GB)
-KEEP_Z_ENTRIES = 1 << 28
+#: The draws z are kept (for the verdict's mean shift) up to this many numbers, S · D (512 MB;
+#: above it, e.g. 4,000 draws at D > 16,000, the verdict has no mean shift)
+KEEP_Z_ENTRIES = 1 << 26
 
 
 def diagnostic_draw_count(dim: int, n_output: int = 0) -> int:
