@@ -11,6 +11,8 @@
 * ``small``: the small accuracy check (docs/gp.md#small-check), against a design prototype's
   figures.
 * ``walltime``: QSGP-0 against svi at step counts that take about the same time (m = 10⁴, 10⁵).
+* ``convergence``: issue T3-8's table: QSGP's and svi's predictive mean against the exact
+  posterior's on a regression with n = 4000, m = 400 (docs/gp.md#convergence).
 * ``rvm``: relevance vectors of QSRVM on sinc against full-batch EM / MacKay references.
 * ``cv``: variance of the ELBO estimate and of its gradient with the data-Gram control variate
   for n_bar in {0, 50, 100, 300, 500} (the paper's kin40k study: m = 10⁴ RFF, μ from the

@@ -56,6 +56,7 @@ class Sizes:
     mr: int       # m~_r (0 when k = m)
     nbar: int     # control-variate support rows (0: no control variate)
     nys: int = 0  # Nyström control-variate support inputs (dense S only; 0: none)
+    full: bool = False  # every basis once per factor: i~ = j~ = (0..m−1), r~ = (k..m−1)
 
     @property
     def width(self) -> int:
@@ -95,9 +96,14 @@ class Batch(NamedTuple):
 
 def draw_indices(key: jax.Array, sz: Sizes):
     """(l~, i~, j~, r~): iid uniform with replacement, mutually independent
-    (docs/gp.md#sampling)."""
+    (docs/gp.md#sampling); with ``sz.full`` (m~ >= m) the basis indices are the full,
+    deterministic sets i~ = j~ = (0..m−1), r~ = (k..m−1): no basis subsampling noise
+    (docs/gp.md#convergence)."""
     k1, k2, k3, k4 = jax.random.split(key, 4)
     l = jax.random.randint(k1, (sz.nt,), 0, sz.n)
+    if sz.full:
+        every = jnp.arange(sz.m, dtype=jnp.int32)
+        return l, every, every, jnp.arange(sz.k, sz.m, dtype=jnp.int32)[:sz.mr]
     i = jax.random.randint(k2, (sz.mt,), 0, sz.m)
     j = jax.random.randint(k3, (sz.mt,), 0, sz.m)
     r = jax.random.randint(k4, (sz.mr,), sz.k, sz.m) if sz.mr else jnp.zeros((0,), jnp.int32)
