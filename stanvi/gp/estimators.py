@@ -60,8 +60,8 @@ class Sizes:
 
     @property
     def width(self) -> int:
-        """Size of the gathered index set W."""
-        return 2 * self.mt + self.mr + self.k
+        """Size of the gathered index set W (m for a full pass: W = (0..m−1))."""
+        return self.m if self.full else 2 * self.mt + self.mr + self.k
 
 
 class Slices(NamedTuple):
@@ -115,6 +115,9 @@ def index_sets(sz: Sizes, i, j, r):
     slot of i~, j~, r~ and of 0..k−1, and the 0/1 mask of W's entries in U = unique(i~ ∪ j~).
     One stable argsort does it all (O(w log w), w = 2m~ + m~_r + k)."""
     ks = jnp.arange(sz.k, dtype=jnp.int32)
+    if sz.full:   # i~ = j~ = W = (0..m−1), r~ = (k..m−1): no sort, no padding
+        every = jnp.arange(sz.m, dtype=jnp.int32)
+        return every, every, every, every[sz.k:sz.k + sz.mr], ks, jnp.ones((sz.m,)), float(sz.m)
     allidx = jnp.concatenate([x.astype(jnp.int32) for x in (i, j, r)] + [ks])
     order = jnp.argsort(allidx, stable=True)
     srt = allidx[order]

@@ -235,6 +235,21 @@ def test_qsgp_default_reaches_the_exact_posterior_mean():
     assert rel < 0.08, rel
 
 
+def test_qsrvm_prunes_with_the_full_basis_pass():
+    """QSRVM on sinc (n = m = 500; docs/gp.md#rvm-pruning): with m~ >= m (a full pass over the
+    bases, docs/gp.md#convergence) and 2·10⁴ steps, most bases are pruned (s_i >= 10⁴): fewer
+    than 100 relevance vectors remain (measured 62; the paper: 13), where the paper's m~ = 250
+    iid draws keep all 500 after 4·10⁴ steps."""
+    from stanvi.bench.qsgp_bench import sinc_data
+
+    X, y = sinc_data()
+    model = gp.rvm_regression(X, y, lengthscale=2.0, noise=0.01)
+    res = stanvi.fit(model, method="qsgp", family=gp.Chevron(10), batch_size=100,
+                     num_steps=20_000, chunk=5000, learn_hyperparameters=False)
+    assert res.info["sizes"]["full"]
+    assert len(res.relevance_vectors()) < 100
+
+
 def test_qsgp_float32_follows_the_float64_path():
     """``dtype="float32"``: the same seed draws the same indices, so the float32 run follows the
     float64 run up to rounding (relative gap of μ ~1e-5 after 500 steps, not 1e-1); the returned
