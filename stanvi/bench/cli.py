@@ -291,11 +291,20 @@ def run_bench(args: argparse.Namespace) -> int:
         from stanvi.bench import qsgp_bench as gp_bench  # noqa: PLC0415
 
         parts = args.models.split(",") if args.models else ["steps", "cv", "small", "accuracy"]
-        unknown = sorted(set(parts) - {"steps", "cv", "small", "accuracy", "walltime", "rvm"})
+        unknown = sorted(set(parts) - {"steps", "cv", "small", "accuracy", "walltime", "rvm",
+                                       "convergence"})
         if unknown:
             raise SystemExit(f"stanvi bench qsgp: unknown parts {unknown}; choose from "
-                             "steps,cv,small,accuracy,walltime,rvm")
-        gp_bench.run(parts, steps=3000 if args.iters == 5000 else args.iters, output=args.output,
-                     dtype=args.dtype)
+                             "steps,cv,small,accuracy,walltime,rvm,convergence")
+        if "convergence" in parts:   # issue T3-8's table (docs/gp.md#convergence)
+            from stanvi.bench.qsgp_convergence import bench_convergence  # noqa: PLC0415
+
+            print("convergence (n = 4000, d = 3, m = 400 RFF, noise 0.04, θ fixed; relative "
+                  "error of the predictive mean vs method='exact')", flush=True)
+            bench_convergence()
+            parts = [p for p in parts if p != "convergence"]
+        if parts:
+            gp_bench.run(parts, steps=3000 if args.iters == 5000 else args.iters,
+                         output=args.output, dtype=args.dtype)
         return 0
     raise SystemExit(f"unknown benchmark {args.what}")

@@ -56,11 +56,12 @@ class Sizes:
     mr: int       # m~_r (0 when k = m)
     nbar: int     # control-variate support rows (0: no control variate)
     nys: int = 0  # Nyström control-variate support inputs (dense S only; 0: none)
+    full: bool = False  # every basis once per factor: i~ = j~ = (0..m−1), r~ = (k..m−1)
 
     @property
     def width(self) -> int:
-        """Size of the gathered index set W."""
-        return 2 * self.mt + self.mr + self.k
+        """Size of the gathered index set W (m for a full pass: W = (0..m−1))."""
+        return self.m if self.full else 2 * self.mt + self.mr + self.k
 
 
 class Slices(NamedTuple):
@@ -95,9 +96,14 @@ class Batch(NamedTuple):
 
 def draw_indices(key: jax.Array, sz: Sizes):
     """(l~, i~, j~, r~): iid uniform with replacement, mutually independent
-    (docs/gp.md#sampling)."""
+    (docs/gp.md#sampling); with ``sz.full`` (m~ >= m) the basis indices are the full,
+    deterministic sets i~ = j~ = (0..m−1), r~ = (k..m−1): no basis subsampling noise
+    (docs/gp.md#convergence)."""
     k1, k2, k3, k4 = jax.random.split(key, 4)
     l = jax.random.randint(k1, (sz.nt,), 0, sz.n)
+    if sz.full:
+        every = jnp.arange(sz.m, dtype=jnp.int32)
+        return l, every, every, jnp.arange(sz.k, sz.m, dtype=jnp.int32)[:sz.mr]
     i = jax.random.randint(k2, (sz.mt,), 0, sz.m)
     j = jax.random.randint(k3, (sz.mt,), 0, sz.m)
     r = jax.random.randint(k4, (sz.mr,), sz.k, sz.m) if sz.mr else jnp.zeros((0,), jnp.int32)
@@ -109,6 +115,9 @@ def index_sets(sz: Sizes, i, j, r):
     slot of i~, j~, r~ and of 0..k−1, and the 0/1 mask of W's entries in U = unique(i~ ∪ j~).
     One stable argsort does it all (O(w log w), w = 2m~ + m~_r + k)."""
     ks = jnp.arange(sz.k, dtype=jnp.int32)
+    if sz.full:   # i~ = j~ = W = (0..m−1), r~ = (k..m−1): no sort, no padding
+        every = jnp.arange(sz.m, dtype=jnp.int32)
+        return every, every, every, every[sz.k:sz.k + sz.mr], ks, jnp.ones((sz.m,)), float(sz.m)
     allidx = jnp.concatenate([x.astype(jnp.int32) for x in (i, j, r)] + [ks])
     order = jnp.argsort(allidx, stable=True)
     srt = allidx[order]

@@ -33,6 +33,9 @@ class Options:
       ``diag_batch_size`` m~_r (None: m~) — Table 2 settings.
     * ``cv_rank`` n_bar = 500 support rows for the data-Gram control variate (Gaussian
       likelihood only; 0 turns it off).
+    * ``full_basis_pass``: when ``basis_batch_size`` >= m, i~ = j~ = every basis once and
+      r~ = every diagonal column (no basis subsampling, no control variate needed) instead of
+      m iid draws (docs/gp.md#convergence); False restores the draws.
     * ``num_steps`` T = 10⁵; ``lr`` AdaGrad 0.1 with exponential decay to ``lr_decay``·lr at T
       (γ = 0.1^{1/T}); ``adagrad_init`` = 0.1 (the accumulator's start, TF's default).
     * ``nystrom_rank``: support inputs V (random inducing inputs) of the Nyström control
@@ -64,6 +67,7 @@ class Options:
     exact_elbo_every: int = 0
     nystrom_rank: int = 0
     dtype: str = "float64"
+    full_basis_pass: bool = True
 
 
 PROFILES: dict[str, dict] = {"default": {}}
@@ -126,7 +130,11 @@ def sizes_for(model, family, opts: Options) -> Sizes:
     mt = min(m, int(opts.basis_batch_size))
     nt = min(n, int(opts.batch_size))
     mr = 0 if k >= m else int(opts.diag_batch_size or mt)
-    nbar = int(opts.cv_rank) if isinstance(model.likelihood, Gaussian) else 0
+    # m~ >= m: every basis once per factor, no basis noise, and the data-Gram CV is exactly 0
+    full = bool(opts.full_basis_pass) and int(opts.basis_batch_size) >= m
+    if full:
+        mr = m - k
+    nbar = int(opts.cv_rank) if isinstance(model.likelihood, Gaussian) and not full else 0
     nbar = min(nbar, n)
     for name, value in (("batch_size", nt), ("basis_batch_size", mt)):
         if value < 1:
@@ -139,7 +147,8 @@ def sizes_for(model, family, opts: Options) -> Sizes:
                          f"inducing-point basis); {model.basis.name} has a diagonal S")
     if nys < 0:
         raise ValueError(f"qsgp option nystrom_rank must be >= 0, got {nys}")
-    return Sizes(n=n, m=m, k=k, nt=nt, mt=mt, mr=mr, nbar=nbar, nys=min(nys, m))
+    return Sizes(n=n, m=m, k=k, nt=nt, mt=mt, mr=mr, nbar=nbar,
+                 nys=0 if full else min(nys, m), full=full)
 
 
 def hyper_mask(model, learn: bool) -> dict:

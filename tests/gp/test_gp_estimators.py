@@ -273,3 +273,41 @@ def test_paper_literal_variance_overestimates_when_s_below_one():
     true = lik.expected_log_site(y, a, s, {})
     literal = lik.expected_log_site(y, a, s * s, {})
     assert bool(jnp.all(literal > true))
+
+
+# ------------------------------------------------------------------ full basis pass
+
+@pytest.mark.parametrize("basis,family", [("rff", gp.MeanField()), ("rff", gp.Chevron(2)),
+                                          ("inducing", gp.FullCholesky()),
+                                          ("rvm", gp.Chevron(1))])
+def test_full_basis_pass_is_exactly_unbiased_and_only_data_noise(basis, family):
+    """m~ >= m (docs/gp.md#convergence): i~ = j~ = every basis and r~ = every diagonal column,
+    deterministically, so E[ELBO^] and E[∇ELBO^] over every l~ (n = 4, n~ = 2) equal the exact
+    ELBO and gradient to rounding; the data-Gram control variate is dropped (it would be 0); and
+    with every data row at once (l~ = (0..n−1)) the estimate is the exact ELBO (no basis noise
+    at all, where m iid draws of the old default left O(1) relative noise)."""
+    model = make_problem(basis, n=4, m=4)
+    k = family.num_dense(model.m)
+    mu, ld, L, logs = random_params(model, k)
+    sz, data = setup_estimator(model, family, nt=2, mt=4, nbar=2)
+    assert sz.full and sz.nbar == 0 and sz.mr == model.m - k
+    _, i, j, r = E.draw_indices(jax.random.PRNGKey(0), sz)
+    np.testing.assert_array_equal(np.asarray(i), np.arange(4))
+    np.testing.assert_array_equal(np.asarray(r), np.arange(k, 4))
+    f = estimator_fn(model, sz, data)
+    argnums = (0, 1, 2) + ((4,) if logs is not None else ())
+    vg = fast_jit(jax.vmap(jax.value_and_grad(f, argnums=argnums),
+                           in_axes=(None,) * 5 + (0, None, None, None)))
+    ls = jnp.asarray(list(itertools.product(range(4), repeat=2)))
+    vals, grads = vg(mu, ld, L, model.theta, logs, ls, i, j, r)
+    ex_val, ex_grad = fast_jit(jax.value_and_grad(
+        lambda *a: model.exact_elbo_jax(*a), argnums=argnums))(mu, ld, L, model.theta, logs)
+    assert float(jnp.mean(vals)) == pytest.approx(float(ex_val), rel=1e-10, abs=1e-9)
+    for got, want in zip(jax.tree.leaves(jax.tree.map(lambda g: jnp.mean(g, axis=0), grads)),
+                         jax.tree.leaves(ex_grad)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-9)
+    sz_all = E.Sizes(**{**sz.__dict__, "nt": 4})
+    one = estimator_fn(model, sz_all, data)(mu, ld, L, model.theta, logs, jnp.arange(4), i, j, r)
+    assert float(one) == pytest.approx(float(ex_val), rel=1e-10, abs=1e-9)
+    off = qsgp.sizes_for(model, family, qsgp.Options(basis_batch_size=4, full_basis_pass=False))
+    assert not off.full
