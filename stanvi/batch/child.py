@@ -129,7 +129,7 @@ def _protocol_summary(result, job: dict) -> dict[str, Any]:
     from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
 
     eps_final = standard_normal(jax.random.PRNGKey(COMMON_DRAWS_SEED), ELBO_DRAWS,
-                                result.family.dim)
+                                result.family.base_dim)   # D + k for lowrank
     run = summarize_run(result, "", eps_final, eps_final[:EVAL_DRAWS],
                         int(job.get("trace_points", TRACE_POINTS)))
     return {"final_elbo": run.final_elbo, "trace_points": {

@@ -113,6 +113,18 @@ def test_posteriordb_batch_on_a_local_cluster_with_accuracy_and_resume(pdb_tree,
     assert fit_files(runs) == before
 
 
+def test_a_lowrank_batch_fit_gets_its_protocol_figures(pdb_tree, tmp_path):
+    # the protocol's common draws are base draws of the family's width (D + k for lowrank):
+    # with D's width every lowrank fit of the batch was an error (LinAlgError)
+    config = BatchConfig(methods=(("trustvi", None),), families=("lowrank",), seeds=1)
+    counts = run_batch(discover_posteriordb(pdb_tree), tmp_path / "runs", config, workers=1,
+                       progress=False)
+    assert counts == {"converged": 1}
+    (rec,) = RunStore(tmp_path / "runs").query("fit")
+    assert rec["family"] == "lowrank" and np.isfinite(rec["final_elbo"])
+    assert rec["accuracy"]["constrained"]["marginals"]["mu"]["mean_error_sd"] < 0.25
+
+
 def test_a_runs_directory_carried_to_another_machine_recompiles_and_keeps_its_fits(pdb_tree,
                                                                                   tmp_path):
     """A committed runs directory in a fresh clone: the compile records name a library in
