@@ -57,10 +57,19 @@ class LowRankHostMath:
         return p[:D], np.exp(p[D:2 * D]), p[2 * D:].reshape(D, k) * trapezoid_mask(D, k)
 
     def _core(self, d: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(W = B/d, C⁻¹ (k, k), the Cholesky factor of C = I + WᵀW)."""
-        W = B / d[:, None]
-        C = np.eye(self.rank) + W.T @ W
-        chol = np.linalg.cholesky(C)
+        """(W = B/d, C⁻¹ (k, k), the Cholesky factor of C = I + WᵀW); NaN factors where C is not
+        finite (a trial step whose d underflows or whose B overflows: C = I + WᵀW is positive
+        definite in exact arithmetic), so that the step is rejected rather than raised."""
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            W = B / d[:, None]
+            C = np.eye(self.rank) + W.T @ W
+        nan = np.full((self.rank, self.rank), np.nan)
+        if not np.all(np.isfinite(C)):
+            return W, nan, nan
+        try:
+            chol = np.linalg.cholesky(C)
+        except np.linalg.LinAlgError:   # finite but so large that rounding broke definiteness
+            return W, nan, nan
         ci = np.linalg.solve(chol.T, np.linalg.solve(chol, np.eye(self.rank)))
         return W, 0.5 * (ci + ci.T), chol
 

@@ -282,3 +282,16 @@ def test_jointcv_on_a_stan_model_through_the_host_pullbacks():
     elbo = fit.trace.column("elbo")
     assert np.isfinite(elbo[-1]) and elbo[-1] > elbo[0]
     assert np.all(np.isfinite(fit.unconstrained_draws))
+
+
+def test_a_trial_point_that_overflows_gives_nan_not_an_exception():
+    # TrustVI's trial steps can drive d = exp(omega) to 0 or B to inf; on posteriordb's
+    # hmm_drive_0 that raised LinAlgError out of the fit (every seed); now the entropy is NaN
+    # and the step is rejected like any other non-finite trial point
+    from stanvi.families import make_family
+
+    fam = make_family("lowrank", 4, rank=2)
+    params = np.asarray(fam.initial_params(np.zeros(4), 0.0), dtype=float)
+    params[4:8] = -800.0                 # d = exp(-800) = 0
+    params[8:] = 1.0
+    assert np.isnan(fam.entropy_np(params))
