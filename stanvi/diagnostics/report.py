@@ -21,6 +21,9 @@ q is from p where it matters:
                                                         none; do not trust its draws.
   ====================  ==============================  =======================================
 
+  decided on draws added while k̂'s band is open ("good" only when decided), and "unreliable"
+  too when the PSIS mean shift exceeds 0.2 of q's sd (:mod:`stanvi.diagnostics.verdict`).
+
 What k̂ estimates (Vehtari et al. 2024, §3): the ratio distribution has finite moments of
 order < 1/k, so k̂ estimates how many moments are finite *in the part of the tail that S draws
 reach* (a pre-asymptotic estimate).  For VI with p normalized and q covering p's support,
