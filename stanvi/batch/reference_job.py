@@ -123,9 +123,8 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
                                if isinstance(v, (int, float))})
         record["info"]["divergences"] = int(sum(fit.sampler_diagnostics["divergences"]))
     elif fit.has_proposal_density:
-        diag = (fit.diagnostics() if unconstrained is None else stan_diagnostics(
-            fit, target, np.column_stack([unconstrained[n] for n in target.unconstrained_names]),
-            seed))
+        diag = (fit.diagnostics() if unconstrained is None
+                else stan_diagnostics(fit, target, unconstrained, seed))
         record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess,
                       verdict_figures=diag.verdict_figures())
     ref_path = job.get("reference_npz")

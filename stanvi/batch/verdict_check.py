@@ -55,18 +55,23 @@ def roc_auc(score: Iterable[float], positive: Iterable[bool]) -> float:
     return float((below.sum() + 0.5 * ties.sum()) / (pos.size * neg.size))
 
 
-def mean_error(record: dict[str, Any]) -> float | None:
-    """The record's standardized mean error against its reference (constrained draws), or None."""
+def _accuracy(record: dict[str, Any], figure: str) -> float | None:
+    """The record's ``figure`` against its reference (constrained draws, median over marginals;
+    a flat record's own column), or None."""
     acc = (record.get("accuracy") or {}).get("constrained") or {}
-    value = acc.get("mean_error_sd_median", record.get("mean_error_sd"))
+    value = acc.get(f"{figure}_median", record.get(figure))
     return float(value) if value is not None and np.isfinite(value) else None
+
+
+def mean_error(record: dict[str, Any]) -> float | None:
+    """The record's standardized mean error against its reference, or None."""
+    return _accuracy(record, "mean_error_sd")
 
 
 def w1_error(record: dict[str, Any]) -> float:
     """The record's W1/sd against its reference (median over marginals; NaN if none)."""
-    acc = (record.get("accuracy") or {}).get("constrained") or {}
-    value = acc.get("w1_sd_median", record.get("w1_sd"))
-    return float(value) if value is not None else math.nan
+    value = _accuracy(record, "w1_sd")
+    return math.nan if value is None else value
 
 
 def current_verdict(record: dict[str, Any]) -> str | None:

@@ -113,12 +113,17 @@ def _block(target, family, params: np.ndarray, eps: np.ndarray) -> DiagnosticSam
 
         z = np.asarray(family.sample(jnp.asarray(params), jnp.asarray(eps)), dtype=float)
         log_q = np.asarray(family.log_q(jnp.asarray(params), jnp.asarray(z)), dtype=float)
-    res = target.log_density(np.asarray(z, dtype=float))
+    return evaluated(target, np.asarray(z, dtype=float), log_q)
+
+
+def evaluated(target, z: np.ndarray, log_q: np.ndarray) -> DiagnosticSample:
+    """The draws z with their log q and, from one batched call of ``target``, their log p
+    (−inf where the model failed) and the model's messages."""
+    res = target.log_density(z)
     log_p = np.asarray(res.log_density, dtype=float)
     if res.ok is not None:
         log_p = np.where(np.asarray(res.ok, dtype=bool), log_p, -np.inf)
-    return DiagnosticSample(log_p, np.asarray(log_q, dtype=float), dict(res.messages or {}),
-                            np.asarray(z, dtype=float))
+    return DiagnosticSample(log_p, np.asarray(log_q, dtype=float), dict(res.messages or {}), z)
 
 
 def gaussian_draws(target, mean: np.ndarray, chol: np.ndarray, seed: int):
@@ -136,9 +141,5 @@ def gaussian_draws(target, mean: np.ndarray, chol: np.ndarray, seed: int):
         eps = rng.standard_normal((int(n), dim))
         z = mean + eps @ chol.T
         log_q = -0.5 * np.sum(eps * eps, axis=1) - log_det - 0.5 * dim * np.log(2.0 * np.pi)
-        res = target.log_density(z)
-        log_p = np.asarray(res.log_density, dtype=float)
-        if res.ok is not None:
-            log_p = np.where(np.asarray(res.ok, dtype=bool), log_p, -np.inf)
-        return DiagnosticSample(log_p, log_q, dict(res.messages or {}), z)
+        return evaluated(target, z, log_q)
     return draw

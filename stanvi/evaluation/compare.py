@@ -177,8 +177,7 @@ def _stan_verdict(result, target, seed: int):
     unconstrained, _ = reference_unconstrained(target, labelled_draws(result.draws))
     if unconstrained is None:
         return result.diagnostics()
-    zeta = np.column_stack([unconstrained[n] for n in target.unconstrained_names])
-    return stan_diagnostics(result, target, zeta, seed)
+    return stan_diagnostics(result, target, unconstrained, seed)
 
 
 def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any]:

@@ -35,46 +35,27 @@ import jax
 import numpy as np
 
 from stanvi.methods.base import MethodResult, RunContext
-from stanvi.methods.score_vi import batch_size, check_options, run_score_method
+# the method-module contract (PROFILES … FAMILIES_SUPPORTED, stanvi.methods) is the same for
+# both score methods: score_vi's, re-exported
+from stanvi.methods.score_vi import (DEFAULT_PROFILE, ESTIMATOR, FAMILIES_SUPPORTED,  # noqa: F401
+                                     HOST_PATH, PROFILES, ScoreOptions, batch_size,
+                                     check_options, run_score_method)
 
 
 @dataclass(frozen=True)
-class Options:
-    """BaM options (docs/methods.md#bam; [P] the BaM paper, [R] the authors' code
-    github.com/modichirag/GSM-VI ``gsmvi/bam.py``, [C] stanvi's choice)."""
+class Options(ScoreOptions):
+    """BaM options: those both score methods have
+    (:class:`~stanvi.methods.score_vi.ScoreOptions`) and its own (docs/methods.md#bam;
+    [P] the BaM paper, [R] the authors' code github.com/modichirag/GSM-VI ``gsmvi/bam.py``)."""
 
-    batch_size: int = 8               # B [C]
     schedule: str = "decay"           # λ_t = lr/(t+1) ('decay') [P] | lr ('constant') [P]
     lr: float | None = None           # None: lr = B·D, so λ_t = BD/(t+1) [P]
-    max_iters: int = 2000             # [C]
-    tol_kl: float | None = 1e-3       # stop: KL(q_t+1‖q_t) ≤ tol_kl·D ... [C]
-    window: int = 10                  # ... for this many iterations in a row [C]
-    elbo_draws: int = 2048            # ... and no ELBO gain over windows of this many draws [C]
-    warm_start: str = "none"          # 'laplace': L-BFGS mode and Hessian (as TrustVI) [C]
-    init: str = "zero"                # μ₀ = 0 [R] | 'random' (Stan's uniform(−2, 2))
-    log_scale0: float = 0.0           # Σ₀ = exp(2·log_scale0) I; Σ₀ = I [R]
-    max_gradient_drops_factor: int = 10  # failed draws allowed per batch, ×B (as Stan) [C]
-    max_rejects: int = 10             # rejected updates in a row before 'failed' [C]
 
     def __post_init__(self) -> None:
         check_options("bam", self, {"schedule": ("decay", "constant"), "init": ("zero", "random"),
                                     "warm_start": ("none", "laplace")})
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"bam option lr must be positive, got {self.lr}")
-
-
-PROFILES: dict[str, dict] = {
-    # as the authors' code and the paper's experiments run it: a small batch (gsmvi's default
-    # B = 2), λ_t = BD/(t+1), μ₀ = 0, Σ₀ = I, a fixed number of iterations (no stopping rule)
-    "paper": {"batch_size": 2, "tol_kl": None, "max_iters": 1000},
-    # B = 8, the paper's schedule, the Laplace warm start when it is better than Σ₀ = I (as
-    # TrustVI's default), and the stopping rule (docs/methods.md#score-stopping)
-    "default": {"warm_start": "laplace"},
-}
-DEFAULT_PROFILE = "default"
-ESTIMATOR = "reparameterization"   # only its values_and_model_grads (scores at draws) is used
-HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
-FAMILIES_SUPPORTED = ("fullrank",)   # a dense N(μ, Σ) (batch runs plan only these families)
 
 
 def learning_rate(o: Options, t: int, B: int, dim: int) -> float:

@@ -29,42 +29,22 @@ import jax
 import numpy as np
 
 from stanvi.methods.base import MethodResult, RunContext
-from stanvi.methods.score_vi import check_options, run_score_method
+# the method-module contract (PROFILES … FAMILIES_SUPPORTED, stanvi.methods) is the same for
+# both score methods: score_vi's, re-exported
+from stanvi.methods.score_vi import (DEFAULT_PROFILE, ESTIMATOR, FAMILIES_SUPPORTED,  # noqa: F401
+                                     HOST_PATH, PROFILES, ScoreOptions, check_options,
+                                     run_score_method)
 
 
 @dataclass(frozen=True)
-class Options:
-    """GSM options (docs/methods.md#gsm; [P] the GSM paper, [R] the authors' code
-    github.com/modichirag/GSM-VI ``gsmvi/gsm.py``, [C] stanvi's choice)."""
-
-    batch_size: int = 8               # B [C]
-    max_iters: int = 2000             # [C]
-    tol_kl: float | None = 1e-3       # stop: KL(q_t+1‖q_t) ≤ tol_kl·D ... [C]
-    window: int = 10                  # ... for this many iterations in a row [C]
-    elbo_draws: int = 2048            # ... and no ELBO gain over windows of this many draws [C]
-    warm_start: str = "none"          # 'laplace': L-BFGS mode and Hessian (as TrustVI) [C]
-    init: str = "zero"                # μ₀ = 0 [R] | 'random' (Stan's uniform(−2, 2))
-    log_scale0: float = 0.0           # Σ₀ = exp(2·log_scale0) I; Σ₀ = I [R]
-    max_gradient_drops_factor: int = 10  # failed draws allowed per batch, ×B (as Stan) [C]
-    max_rejects: int = 10             # rejected updates in a row before 'failed' [C]
+class Options(ScoreOptions):
+    """GSM options: those both score methods have
+    (:class:`~stanvi.methods.score_vi.ScoreOptions`) and its own (docs/methods.md#gsm;
+    [P] the GSM paper, [R] the authors' code github.com/modichirag/GSM-VI ``gsmvi/gsm.py``)."""
 
     def __post_init__(self) -> None:
         check_options("gsm", self, {"init": ("zero", "random"),
                                     "warm_start": ("none", "laplace")})
-
-
-PROFILES: dict[str, dict] = {
-    # as the authors' code runs it: batch size 2 (gsmvi's default), μ₀ = 0, Σ₀ = I, a fixed
-    # number of iterations (no stopping rule)
-    "paper": {"batch_size": 2, "tol_kl": None, "max_iters": 1000},
-    # B = 8, the Laplace warm start when it is better than Σ₀ = I (as TrustVI's default), and
-    # the stopping rule (docs/methods.md#score-stopping)
-    "default": {"warm_start": "laplace"},
-}
-DEFAULT_PROFILE = "default"
-ESTIMATOR = "reparameterization"   # only its values_and_model_grads (scores at draws) is used
-HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
-FAMILIES_SUPPORTED = ("fullrank",)   # a dense N(μ, Σ) (batch runs plan only these families)
 
 
 def gsm_update(mu: np.ndarray, cov: np.ndarray, z: np.ndarray,

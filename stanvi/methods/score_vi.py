@@ -30,6 +30,7 @@ that still jumps about.  Otherwise the run ends at ``max_iters``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -40,6 +41,17 @@ from stanvi.estimators.elbo import GradientFailure, collect_valid
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
 from stanvi.methods.warm_start import laplace_start
+
+#: The profiles of both score methods: ``paper`` as the authors' code and experiments run them
+#: (a small batch, gsmvi's default B = 2; BaM's λ_t = BD/(t+1); μ₀ = 0, Σ₀ = I; a fixed number
+#: of iterations, no stopping rule); ``default``: B = 8, the Laplace warm start when it is better
+#: than Σ₀ = I (as TrustVI's default) and the stopping rule (docs/methods.md#score-stopping)
+PROFILES: dict[str, dict] = {"paper": {"batch_size": 2, "tol_kl": None, "max_iters": 1000},
+                             "default": {"warm_start": "laplace"}}
+DEFAULT_PROFILE = "default"
+ESTIMATOR = "reparameterization"   # only its values_and_model_grads (scores at draws) is used
+HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
+FAMILIES_SUPPORTED = ("fullrank",)   # a dense N(μ, Σ) (batch runs plan only these families)
 
 #: update(μ, Σ, z (B, D), g (B, D), iteration) -> (μ', Σ', extra trace fields)
 Update = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int],
@@ -67,6 +79,23 @@ def check_family(family, method: str) -> None:
             f"method {method!r} fits a full-rank Gaussian by closed-form updates of its mean and "
             f"covariance: use family='fullrank' (got {getattr(family, 'name', family)!r}). "
             f"(BaM's low-rank-plus-diagonal variant for family='lowrank' is not built yet.)")
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """The options BaM and GSM share (docs/methods.md#bam, #gsm; [R] the authors' code
+    github.com/modichirag/GSM-VI, [C] stanvi's choice); each method's ``Options`` adds its own."""
+
+    batch_size: int = 8               # B [C]
+    max_iters: int = 2000             # [C]
+    tol_kl: float | None = 1e-3       # stop: KL(q_t+1‖q_t) ≤ tol_kl·D ... [C]
+    window: int = 10                  # ... for this many iterations in a row [C]
+    elbo_draws: int = 2048            # ... and no ELBO gain over windows of this many draws [C]
+    warm_start: str = "none"          # 'laplace': L-BFGS mode and Hessian (as TrustVI) [C]
+    init: str = "zero"                # μ₀ = 0 [R] | 'random' (Stan's uniform(−2, 2))
+    log_scale0: float = 0.0           # Σ₀ = exp(2·log_scale0) I; Σ₀ = I [R]
+    max_gradient_drops_factor: int = 10  # failed draws allowed per batch, ×B (as Stan) [C]
+    max_rejects: int = 10             # rejected updates in a row before 'failed' [C]
 
 
 def check_options(method: str, options, choices: dict[str, tuple[str, ...]]) -> None:

@@ -51,13 +51,16 @@ def quadratic_gaussian(z: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, np
     return cov @ coef[rows.size: rows.size + d], chol
 
 
-def stan_diagnostics(fit, target, unconstrained: np.ndarray, seed: int = 0) -> Diagnostics:
+def stan_diagnostics(fit, target, unconstrained: dict[str, np.ndarray],
+                     seed: int = 0) -> Diagnostics:
     """The verdict of Stan's ADVI or single-path Pathfinder (``fit``: a
     :class:`~stanvi.reference.result.ReferenceFit`) by stanvi's rule (module docstring);
-    ``unconstrained``: its draws in unconstrained space (S, D), in draw order."""
+    ``unconstrained``: its draws in unconstrained space by ``target``'s unconstrained names
+    (:func:`stanvi.targets.labelled.reference_unconstrained`), in draw order."""
     from stanvi.reference.advi import stan_advi_gaussian  # noqa: PLC0415
 
-    zeta = np.asarray(unconstrained, dtype=float)
+    zeta = np.column_stack([np.asarray(unconstrained[n], dtype=float)
+                            for n in target.unconstrained_names])
     method = fit.algorithm
     try:
         if method == "stan-advi":
