@@ -11,6 +11,8 @@ Written to ``OUT`` (default ``RUNS_DIR/report``):
 * ``compiles.csv``: one row per model: compile status and reason, dimension;
 * ``recommendations.csv``: per model the method to use and why (:mod:`stanvi.batch.recommend`);
 * ``accuracy.png`` (accuracy against cost per method; only when some fit has reference draws),
+  ``evaluations.png`` (the median ELBO gap against model evaluations per configuration:
+  :mod:`stanvi.batch.report_curves`),
   ``cdf_speedups.png`` (the CDF of oracle-call ratios, the paper's Figure 4 style, with its
   headline marks at 12× and 36×; only with three models kept or more), ``traces.png`` (ELBO
   against oracle calls of each configuration's median run, for the models with the largest
@@ -32,6 +34,7 @@ import numpy as np
 
 from stanvi.batch import report_page as rp
 from stanvi.batch.recommend import label, recommend
+from stanvi.batch.report_curves import evaluations_plot
 from stanvi.batch.reference_job import NO_FAMILY
 from stanvi.batch.runner import OK_STATUSES
 from stanvi.batch.store import RunStore
@@ -83,6 +86,7 @@ def _save(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> str
 
 
 ACCURACY_CAP = 100.0   # accuracy-plot axes end here (larger values drawn on the edge)
+FRONT_PLOTS = ("accuracy.png", "evaluations.png")   # shown under the methods' table
 
 
 def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
@@ -103,6 +107,9 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
         made.append(_accuracy_plot(plt, out, rows))
     else:   # nothing to plot: no stale figure from an earlier report in the same directory
         (out / "accuracy.png").unlink(missing_ok=True)
+
+    curve = evaluations_plot(plt, out, grouped)
+    made += [curve] if curve else []
 
     chosen = trace_models(rows, pairs_by_name)
     if chosen:
@@ -314,7 +321,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
         "median over seeds; accuracy against the reference draws, in posterior sds (median "
         "over marginals, constrained space). Click a header to sort.</p>",
         rp.table(rp.method_rows(rows, recommendations), rp.METHOD_COLUMNS),
-        *(f"<img src='{img}' alt='{img}'>" for img in images if img == "accuracy.png"),
+        *(f"<img src='{img}' alt='{img}'>" for img in images if img in FRONT_PLOTS),
     ]
     failures = rp.failure_rows(fits, OK_STATUSES)
     if failures:
@@ -346,7 +353,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
                  rp.table([{**x, "comparison": " vs ".join(label(c) for c in
                                                            x["comparison"].split(" vs "))}
                            for x in summaries], PROTOCOL_COLUMNS)]
-    page += [f"<img src='{img}' alt='{img}'>" for img in images if img != "accuracy.png"]
+    page += [f"<img src='{img}' alt='{img}'>" for img in images if img not in FRONT_PLOTS]
     failed_compiles = [c for c in compiles if c.get("status") != "ok"]
     if failed_compiles:
         page += ["<h2>Models that did not compile or load</h2>",

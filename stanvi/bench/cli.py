@@ -17,7 +17,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
                                     "coldstart", "fullrank", "lowrank", "jointcv", "peers", "mlmcvi",
                                     "rb", "qsgp", "local-optima", "advi-fidelity", "run-cpu",
-                                    "verdict"],
+                                    "verdict", "jax-native"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -25,7 +25,9 @@ def add_bench_parser(sub) -> None:
                         "coldstart: import + first fit in fresh processes; "
                         "fullrank: peak memory, time and accuracy of full-rank fits as D grows; "
                         "lowrank: exactness of the diagonal-plus-low-rank family at D = 2,000 "
-                        "and its memory and time per iteration at D = 5k, 20k, 50k (--dims); "
+                        "and its memory and time per iteration at D = 5k, 20k, 50k (--dims); with "
+                        "--records DIR,...: its posteriordb targets from batch records (low-rank "
+                        "against TrustVI full-rank, multi-path Pathfinder, mean-field); "
                         "jointcv: joint control variate vs naive/cv/inc on simulated logistic "
                         "regressions (variance decomposition, ELBO curves, Stan vs JAX); "
                         "peers: TrustVI vs Stan's own ADVI and Pathfinder (single, multi-path) "
@@ -36,7 +38,9 @@ def add_bench_parser(sub) -> None:
                         "SGD paths, the mixture family on stan_models/bimodal (--seeds runs); "
                         "qsgp: stanvi.gp step time over n and m vs the svi baseline, control-"
                         "variate variance reduction, accuracy on simulated sets (--models among "
-                        "steps,cv,small,accuracy,walltime,rvm; --iters: training steps, default 3000); "
+                        "steps,cv,small,accuracy,walltime,rvm,convergence,crossover; --iters: training "
+                        "steps, default 3000; crossover: QSGP vs svi at equal wall time at m = "
+                        "10⁶ and 10⁷, --budget seconds per run, resumable through --output); "
                         "run-cpu: CPU of TrustVI's run per fit on small stan_models (--models, "
                         "--seeds; default 7 small models, 5 seeds); "
                         "local-optima: does TrustVI certify a local optimum that ADVI or "
@@ -45,7 +49,9 @@ def add_bench_parser(sub) -> None:
                         "over --seeds seeds on raw-unit regressions (--models); "
                         "verdict: how well the verdict separates fits whose means are off from "
                         "the rest, and whether it holds across seeds, over the batch records of "
-                        "--records")
+                        "--records; "
+                        "jax-native: JAX-native fits (a logistic regression in JAX) end to end on "
+                        "JAX's default device, CPU or GPU")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
                    help="qsgp: the precision of QSGP's training loop in the step-time grid "
                         "(default float64)")
@@ -106,7 +112,8 @@ def add_bench_parser(sub) -> None:
                    help="fullrank: kill a fit after this many seconds (default 1800)")
     p.add_argument("--budget", type=float, default=None,
                    help="methods: oracle budget per run in the paper's scaled units "
-                        "(max_oracle_calls; default none)")
+                        "(max_oracle_calls; default none); qsgp crossover: seconds of training "
+                        "steps per (m, method) run (default 600)")
     p.add_argument("--iters", type=int, default=5000,
                    help="jointcv: iterations per run (default 5000; at most 2000 for 'large'); "
                         "--models picks problems among sonar,australian,large "
@@ -219,6 +226,11 @@ def run_bench(args: argparse.Namespace) -> int:
         fullrank_bench.run(dims, methods, max_memory_gb=args.max_memory,
                            timeout=args.timeout, output=Path(args.output) if args.output else None)
         return 0
+    if args.what == "lowrank" and args.records:   # issue T3-6's posteriordb targets
+        from stanvi.bench import lowrank_posteriordb as lp  # noqa: PLC0415
+
+        print(lp.report_text(*lp.check_stores(args.records.split(","))))
+        return 0
     if args.what == "lowrank":
         from stanvi.bench import lowrank_bench  # noqa: PLC0415
 
@@ -287,15 +299,25 @@ def run_bench(args: argparse.Namespace) -> int:
 
         rb_bench.run(Path(args.models_dir), seeds=args.seeds, output=args.output)
         return 0
+    if args.what == "jax-native":
+        from stanvi.bench import jax_native  # noqa: PLC0415
+
+        jax_native.run(output=args.output)
+        return 0
     if args.what == "qsgp":
         from stanvi.bench import qsgp_bench as gp_bench  # noqa: PLC0415
 
         parts = args.models.split(",") if args.models else ["steps", "cv", "small", "accuracy"]
         unknown = sorted(set(parts) - {"steps", "cv", "small", "accuracy", "walltime", "rvm",
-                                       "convergence"})
+                                       "convergence", "crossover"})
         if unknown:
             raise SystemExit(f"stanvi bench qsgp: unknown parts {unknown}; choose from "
-                             "steps,cv,small,accuracy,walltime,rvm,convergence")
+                             "steps,cv,small,accuracy,walltime,rvm,convergence,crossover")
+        if "crossover" in parts:     # issue T3-8 item 2 (docs/gp.md#crossover)
+            from stanvi.bench.qsgp_crossover import bench_crossover  # noqa: PLC0415
+
+            bench_crossover(budget=args.budget or 600.0, output=args.output)
+            parts = [p for p in parts if p != "crossover"]
         if "convergence" in parts:   # issue T3-8's table (docs/gp.md#convergence)
             from stanvi.bench.qsgp_convergence import bench_convergence  # noqa: PLC0415
 

@@ -90,6 +90,22 @@ def initial_carry(params):
     return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), carry)
 
 
+def prepare(model):
+    """(carry, (X, y, θ, feature columns, prior precision diagonal), log s) of an svi run from
+    its start: μ = 0, log σ from the basis's initial sd; the arguments every chunk takes."""
+    basis = model.basis
+    m = model.m
+    theta = {k: jnp.asarray(v) for k, v in model.theta.items()}
+    cols = jnp.arange(m)
+    log_s = jnp.full((m,), math.log(basis.s0)) if basis.per_basis_precision else None
+    s_diag = basis.precision_diag(model.arrays, cols, theta, log_s)
+    feats = basis.columns(model.arrays, cols)   # stored once: O(m d) memory
+    noise = model.likelihood.init_noise_var(theta)
+    ld0 = jnp.log(basis.init_diag_sd(model.n, noise, theta, model.arrays, model.X))
+    carry = initial_carry((jnp.zeros(m), ld0))
+    return carry, (jnp.asarray(model.X), jnp.asarray(model.y), theta, feats, s_diag), log_s
+
+
 def run(model, family=None, *, seed: int = 0, options: Options, progress=False):
     from stanvi.gp.result import GPFit  # noqa: PLC0415
 
@@ -102,16 +118,7 @@ def run(model, family=None, *, seed: int = 0, options: Options, progress=False):
     T = int(options.num_steps)
     chunk = max(1, min(int(options.chunk), T))
     m = model.m
-    theta = {k: jnp.asarray(v) for k, v in model.theta.items()}
-    cols = jnp.arange(m)
-    log_s = jnp.full((m,), math.log(basis.s0)) if basis.per_basis_precision else None
-    s_diag = basis.precision_diag(model.arrays, cols, theta, log_s)
-    feats = basis.columns(model.arrays, cols)   # stored once: O(m d) memory
-    noise = model.likelihood.init_noise_var(theta)
-    ld0 = jnp.log(basis.init_diag_sd(model.n, noise, theta, model.arrays, model.X))
-    params = (jnp.zeros(m), ld0)
-    carry = initial_carry(params)
-    X, y = jnp.asarray(model.X), jnp.asarray(model.y)
+    carry, (X, y, theta, feats, s_diag), log_s = prepare(model)
     key = jax.random.PRNGKey(seed)
     t0 = time.perf_counter()
     compiled, compile_time = {}, 0.0

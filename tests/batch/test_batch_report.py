@@ -90,11 +90,12 @@ def test_report_tables(runs):
     # readable numbers with their raw values for sorting: ADVI's mean error 0.3 sd, W1 0.6 sd
     assert '<td data-v="0.3">0.3</td>' in page and '<td data-v="0.6">0.6</td>' in page
     for needle in ("TrustVI default (mean-field) vs ADVI stan (mean-field)", "m4",
-                   "Syntax error", "accuracy.png", "traces.png", "Which method to use",
+                   "Syntax error", "accuracy.png", "traces.png", "evaluations.png",
+                   "Which method to use",
                    "Mean error (sd)", "Run time per fit"):
         assert needle in page
     assert str(runs.parent) not in page   # no absolute path of the producing machine
-    for img in ("accuracy.png", "traces.png"):
+    for img in ("accuracy.png", "traces.png", "evaluations.png"):
         assert (out / img).stat().st_size > 5000
     # one model's protocol ratio kept: no CDF of speed-ups (an empty-looking panel)
     assert not (out / "cdf_speedups.png").exists() and "cdf_speedups.png" not in page

@@ -1,0 +1,113 @@
+"""``stanvi bench lowrank --records LOWRANK_DIR --peers DIR[,DIR...]``: issue T3-6's posteriordb
+targets from batch records (docs/benchmarks.md#lowrank-posteriordb).
+
+Per posterior, the median over seeds of each configuration's W1/sd and standardized mean error
+against the reference draws (median over marginals, constrained space) and of its model
+evaluations per fit (``draw_evaluations``: everything the method evaluated; the diagnostics'
+draws are not in it); then, over the posteriors that every compared configuration fitted, the
+median of those medians and the three targets:
+
+* TrustVI low-rank's W1/sd within 1.5× TrustVI full-rank's (posteriors with D ≤ 100: all 46);
+* TrustVI low-rank's W1/sd below multi-path Pathfinder's;
+* TrustVI low-rank's evaluations per fit at most 2× TrustVI mean-field's.
+
+The posterior-level ratios are printed too (how many posteriors meet each target one by one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stanvi.batch.verdict_check import config, mean_error, w1_error
+
+LOWRANK = "trustvi:default:lowrank"
+FULLRANK = "trustvi:default:fullrank"
+MEANFIELD = "trustvi:default:meanfield"
+PATHFINDER = "pathfinder:multi:none"
+COLUMNS = (LOWRANK, FULLRANK, PATHFINDER, MEANFIELD)
+
+
+def per_posterior(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{configuration: {posterior: {"w1", "mean_error", "evaluations", "seeds"}}}: medians over
+    the seeds whose fit ended normally and has a reference accuracy."""
+    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("status") in ("converged", "max_iters", "max_oracle", "ok") \
+                and mean_error(r) is not None:
+            runs[(config(r), r.get("model"))].append(r)
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for (cfg, model), rs in runs.items():
+        out[cfg][model] = {"w1": float(np.median([w1_error(r) for r in rs])),
+                           "mean_error": float(np.median([mean_error(r) for r in rs])),
+                           "evaluations": float(np.median([r.get("draw_evaluations") or 0
+                                                           for r in rs])),
+                           "seeds": len(rs)}
+    return out
+
+
+def targets(table: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """The medians over the posteriors common to every configuration present, and the targets."""
+    present = [c for c in COLUMNS if table.get(c)]
+    common = sorted(set.intersection(*(set(table[c]) for c in present))) if present else []
+    med = {c: {k: float(np.median([table[c][p][k] for p in common])) if common else math.nan
+               for k in ("w1", "mean_error", "evaluations")} for c in present}
+    out: dict[str, Any] = {"posteriors": len(common), "medians": med}
+
+    def ratio(a: str, b: str, key: str) -> float:
+        return med[a][key] / med[b][key] if a in med and b in med and med[b][key] else math.nan
+
+    def count(a: str, b: str, key: str, bound: float) -> int:
+        if a not in med or b not in med:
+            return 0
+        return sum(table[a][p][key] <= bound * table[b][p][key] for p in common)
+
+    out["w1_vs_fullrank"] = ratio(LOWRANK, FULLRANK, "w1")
+    out["w1_vs_pathfinder"] = ratio(LOWRANK, PATHFINDER, "w1")
+    out["evaluations_vs_meanfield"] = ratio(LOWRANK, MEANFIELD, "evaluations")
+    out["posteriors_within_1.5x_fullrank_w1"] = count(LOWRANK, FULLRANK, "w1", 1.5)
+    out["posteriors_below_pathfinder_w1"] = count(LOWRANK, PATHFINDER, "w1", 1.0)
+    out["posteriors_within_2x_meanfield_evaluations"] = count(LOWRANK, MEANFIELD,
+                                                              "evaluations", 2.0)
+    return out
+
+
+def check_stores(dirs: Iterable[str | Path]) -> tuple[dict, dict]:
+    """(per-posterior table, targets) over the fit records of batch stores."""
+    from stanvi.batch.store import RunStore  # noqa: PLC0415
+
+    records: list[dict] = []
+    for d in dirs:
+        records += [r for r in RunStore(d).records("fit") if r.get("kind", "fit") == "fit"]
+    table = per_posterior(records)
+    return table, targets(table)
+
+
+def report_text(table: dict, figures: dict) -> str:
+    """The medians per configuration, the three targets and the posteriors one by one."""
+    med = figures["medians"]
+    lines = [f"over the {figures['posteriors']} posteriors every configuration fitted (median "
+             "over posteriors of the median over seeds):",
+             f"{'configuration':28s} {'W1/sd':>7s} {'mean err':>9s} {'evaluations':>12s}"]
+    lines += [f"{c:28s} {m['w1']:7.3f} {m['mean_error']:9.3f} {m['evaluations']:12,.0f}"
+              for c, m in med.items()]
+    n = figures["posteriors"]
+    lines += ["",
+              f"low-rank W1/sd / full-rank's: {figures['w1_vs_fullrank']:.2f} (target <= 1.5; "
+              f"{figures['posteriors_within_1.5x_fullrank_w1']} of {n} posteriors within 1.5x)",
+              f"low-rank W1/sd / multi-path Pathfinder's: {figures['w1_vs_pathfinder']:.2f} "
+              f"(target < 1; {figures['posteriors_below_pathfinder_w1']} of {n} posteriors "
+              "at or below)",
+              f"low-rank evaluations / mean-field's: {figures['evaluations_vs_meanfield']:.2f} "
+              f"(target <= 2; {figures['posteriors_within_2x_meanfield_evaluations']} of {n} "
+              "posteriors within 2x)", "",
+              f"{'posterior':44s}" + "".join(f"{c.split(':')[-1] if c.startswith('trustvi') else 'pathfinder':>12s}"
+                                             for c in med) + "   (W1/sd)"]
+    posteriors = sorted(set.intersection(*(set(table[c]) for c in med))) if med else []
+    lines += [f"{p:44s}" + "".join(f"{table[c][p]['w1']:12.3f}" for c in med) for p in posteriors]
+    return "\n".join(lines)
