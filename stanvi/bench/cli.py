@@ -17,7 +17,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
                                     "coldstart", "fullrank", "lowrank", "jointcv", "peers", "mlmcvi",
                                     "rb", "qsgp", "local-optima", "advi-fidelity", "run-cpu",
-                                    "verdict", "jax-native"],
+                                    "verdict", "jax-native", "score-peers"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -50,6 +50,8 @@ def add_bench_parser(sub) -> None:
                         "verdict: how well the verdict separates fits whose means are off from "
                         "the rest, and whether it holds across seeds, over the batch records of "
                         "--records; "
+                        "score-peers: BaM and GSM beside TrustVI full-rank and multi-path "
+                        "Pathfinder over the batch records of --records; "
                         "jax-native: JAX-native fits (a logistic regression in JAX) end to end on "
                         "JAX's default device, CPU or GPU")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
@@ -298,6 +300,13 @@ def run_bench(args: argparse.Namespace) -> int:
         from stanvi.bench import rb_bench  # noqa: PLC0415
 
         rb_bench.run(Path(args.models_dir), seeds=args.seeds, output=args.output)
+        return 0
+    if args.what == "score-peers":
+        from stanvi.bench import score_peers_records  # noqa: PLC0415
+
+        if not args.records:
+            raise SystemExit("stanvi bench score-peers: --records DIR[,DIR...] is required")
+        print(score_peers_records.check_stores(args.records.split(",")))
         return 0
     if args.what == "jax-native":
         from stanvi.bench import jax_native  # noqa: PLC0415

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,10 @@ class LowRank(LowRankHostMath, GaussianDefaults):
     dim: int
     rank: int | None = None
     name: str = "lowrank"
+    # poor trust-region steps here come from (d, B)'s non-concave, nearly flat directions (at
+    # rank ~D/2 the family has as many parameters as full rank), which HVPs do not cure and
+    # pay for with n·k model evaluations per product (docs/algorithms.md#lowrank)
+    stein_model_gives_way: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         rank = default_rank(self.dim) if self.rank is None else self.rank

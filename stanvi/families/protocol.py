@@ -66,6 +66,11 @@ class GaussianDefaults:
     (:class:`~stanvi.families.gaussian.MeanField`, :class:`~stanvi.families.gaussian.FullRank`)."""
 
     gradient_estimator: ClassVar[str | None] = None   # the method's estimator is valid
+    #: TrustVI's fixed-sample loop trades the Stein model of the Hessian for Hessian-vector
+    #: products after a few poor model steps (the draws' Hessians vary too much for one Ĥ);
+    #: a family whose poor steps come from its own parameterization says False
+    #: (docs/algorithms.md#lowrank).
+    stein_model_gives_way: ClassVar[bool] = True
 
     @property
     def base_dim(self) -> int:

@@ -214,11 +214,14 @@ def _display(row: dict) -> dict:
 
 def _count_poor(setup: FixedSetup, state: FixedState, poor: bool) -> FixedState:
     """Count a poor model step; after ``POOR_MODEL_STEPS`` of them the Stein model gives way to
-    Hessian-vector products (the draws' Hessians vary too much for one Ĥ to stand for them)."""
+    Hessian-vector products (the draws' Hessians vary too much for one Ĥ to stand for them),
+    unless the family says its poor steps are its parameterization's
+    (``stein_model_gives_way``: the low-rank family)."""
     poor_steps = state.poor_steps + 1 if poor else state.poor_steps
     # (an exploratory run keeps the Stein model: it costs no model evaluation)
     if (state.hessian == "stein" and poor_steps >= POOR_MODEL_STEPS
-            and setup.explore_floor is None):
+            and setup.explore_floor is None
+            and getattr(setup.family, "stein_model_gives_way", True)):
         setup.info["hessian_switch"] = setup.info.get("hessian_switch", 0) + 1
         return state._replace(hessian="hvp", poor_steps=0)
     return state._replace(poor_steps=poor_steps)

@@ -1,0 +1,110 @@
+"""``stanvi bench score-peers --records DIR[,DIR...]``: BaM and GSM beside TrustVI full-rank and
+multi-path Pathfinder from one batch's records (issue T3-7; docs/benchmarks.md#bam-and-gsm-posteriordb).
+
+Per configuration, over the posteriors with reference draws: fits that ended normally, then the
+median over posteriors of each posterior's median over seeds of
+
+* the final W1/sd and standardized mean error against the reference draws (median over
+  marginals, constrained space; :mod:`stanvi.batch.verdict_check`'s readers);
+* the model evaluations per fit (``draw_evaluations``: everything the method evaluated, its warm
+  start included; the diagnostics' draws not);
+* the evaluations to reach the run's own final accuracy: the first trace point after which the
+  ELBO on the batch's 2,000 common draws stays within ``REACHED_NATS`` of the run's last one
+  (:func:`stanvi.evaluation.protocol.first_consistent`); for a method that reports only its
+  end (Pathfinder), its evaluations.
+
+Then, posterior by posterior, where BaM or GSM beats TrustVI: a W1/sd at least 10 % lower, or
+the same accuracy (within 10 %) for fewer evaluations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stanvi.batch.summary import as_run
+from stanvi.batch.verdict_check import config, mean_error, w1_error
+from stanvi.evaluation.protocol import first_consistent
+
+REACHED_NATS = 0.1
+TRUSTVI = "trustvi:default:fullrank"
+PEERS = ("bam:default:fullrank", "gsm:default:fullrank")
+OK = ("converged", "max_iters")
+
+
+def evaluations_to_final(record: dict[str, Any]) -> float:
+    """Model evaluations until the ELBO stays within ``REACHED_NATS`` of the run's last traced
+    ELBO (its total where the record has no trace)."""
+    run = as_run(record)
+    finite = np.isfinite(run.trace_elbo)
+    if not finite.any():
+        return float(record.get("draw_evaluations") or math.nan)
+    last = float(run.trace_elbo[np.flatnonzero(finite)[-1]])
+    i = first_consistent(run, last - REACHED_NATS)
+    return float(run.trace_draws[i]) if i is not None else float(record["draw_evaluations"])
+
+
+def table(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{configuration: {posterior: medians over its normal seeds}} (and the fit counts)."""
+    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in records:
+        cfg = config(r)
+        counts[cfg][1] += 1
+        if r.get("status") in OK and mean_error(r) is not None:
+            counts[cfg][0] += 1
+            runs[(cfg, r["model"])].append(r)
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for (cfg, model), rs in runs.items():
+        out[cfg][model] = {
+            "w1": float(np.median([w1_error(r) for r in rs])),
+            "mean_error": float(np.median([mean_error(r) for r in rs])),
+            "evaluations": float(np.median([r.get("draw_evaluations") or 0 for r in rs])),
+            "to_final": float(np.median([evaluations_to_final(r) for r in rs]))}
+    for cfg, (ok, total) in counts.items():
+        out[cfg]["__fits__"] = {"ok": ok, "total": total}
+    return out
+
+
+def summary_text(tab: dict[str, dict[str, dict[str, float]]]) -> str:
+    """The per-configuration medians and the posteriors where a peer beats TrustVI."""
+    lines = ["| configuration | fits ok / all | posteriors | W1/sd | mean error/sd | evaluations "
+             "per fit | evaluations to its final accuracy |", "|---|---|---|---|---|---|---|"]
+    for cfg in sorted(tab):
+        per = {m: v for m, v in tab[cfg].items() if m != "__fits__"}
+        fits = tab[cfg].get("__fits__", {"ok": 0, "total": 0})
+        med = {k: float(np.median([v[k] for v in per.values()])) if per else math.nan
+               for k in ("w1", "mean_error", "evaluations", "to_final")}
+        lines.append(f"| {cfg} | {fits['ok']} / {fits['total']} | {len(per)} | {med['w1']:.3f} | "
+                     f"{med['mean_error']:.3f} | {med['evaluations']:,.0f} | "
+                     f"{med['to_final']:,.0f} |")
+    base = tab.get(TRUSTVI, {})
+    for peer in PEERS:
+        other = tab.get(peer, {})
+        common = sorted(set(base) & set(other) - {"__fits__"})
+        better = [m for m in common if other[m]["w1"] < 0.9 * base[m]["w1"]]
+        cheaper = [m for m in common if m not in better
+                   and other[m]["w1"] <= 1.1 * base[m]["w1"]
+                   and other[m]["evaluations"] < base[m]["evaluations"]]
+        lines += ["", f"{peer} against {TRUSTVI} on {len(common)} posteriors: W1/sd ≥ 10 % "
+                  f"lower on {len(better)}, as accurate (within 10 %) for fewer evaluations on "
+                  f"{len(cheaper)}"]
+        lines += [f"  {m}: W1/sd {other[m]['w1']:.3f} vs {base[m]['w1']:.3f}, evaluations "
+                  f"{other[m]['evaluations']:,.0f} vs {base[m]['evaluations']:,.0f}"
+                  for m in better + cheaper]
+    return "\n".join(lines)
+
+
+def check_stores(dirs: Iterable[str | Path]) -> str:
+    """:func:`summary_text` over the fit records of batch stores."""
+    from stanvi.batch.store import RunStore  # noqa: PLC0415
+
+    records: list[dict] = []
+    for d in dirs:
+        records += [r for r in RunStore(d).records("fit") if r.get("kind", "fit") == "fit"]
+    return summary_text(table(records))
