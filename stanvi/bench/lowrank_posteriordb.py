@@ -1,5 +1,6 @@
-"""``stanvi bench lowrank --records LOWRANK_DIR --peers DIR[,DIR...]``: issue T3-6's posteriordb
-targets from batch records (docs/benchmarks.md#lowrank-posteriordb).
+"""``stanvi bench lowrank --records DIR_OR_FITS_CSV[,...]``: issue T3-6's posteriordb targets from
+batch records, or from a report's ``fits.csv`` where a run's raw records are gone
+(docs/benchmarks.md#lowrank-posteriordb).
 
 Per posterior, the median over seeds of each configuration's W1/sd and standardized mean error
 against the reference draws (median over marginals, constrained space) and of its model
@@ -77,13 +78,34 @@ def targets(table: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
     return out
 
 
-def check_stores(dirs: Iterable[str | Path]) -> tuple[dict, dict]:
-    """(per-posterior table, targets) over the fit records of batch stores."""
+NUMERIC = ("mean_error_sd", "w1_sd", "draw_evaluations")
+
+
+def csv_records(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a report's ``fits.csv`` (``stanvi report``) as flat records: the report of a
+    run whose raw records are gone (posteriordb_runs/posteriordb_meanfield)."""
+    import csv  # noqa: PLC0415
+
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        for key in NUMERIC:
+            r[key] = float(r[key]) if r.get(key) not in (None, "") else None
+    return rows
+
+
+def check_stores(sources: Iterable[str | Path]) -> tuple[dict, dict]:
+    """(per-posterior table, targets) over the fit records of batch stores and, for the
+    configurations none of the stores has, the rows of reports' ``fits.csv`` files."""
     from stanvi.batch.store import RunStore  # noqa: PLC0415
 
+    sources = [str(s) for s in sources]
     records: list[dict] = []
-    for d in dirs:
-        records += [r for r in RunStore(d).records("fit") if r.get("kind", "fit") == "fit"]
+    for src in (s for s in sources if not s.endswith(".csv")):
+        records += [r for r in RunStore(src).records("fit") if r.get("kind", "fit") == "fit"]
+    have = {config(r) for r in records}
+    for src in (s for s in sources if s.endswith(".csv")):   # configurations no store has
+        records += [r for r in csv_records(src) if config(r) not in have]
     table = per_posterior(records)
     return table, targets(table)
 

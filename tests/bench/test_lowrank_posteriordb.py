@@ -1,0 +1,55 @@
+"""Issue T3-6's posteriordb targets from records (stanvi/bench/lowrank_posteriordb.py)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from stanvi.bench import lowrank_posteriordb as lp
+
+
+def _rec(model, method, family, seed, w1, err, evals, profile="default", status="converged"):
+    return {"model": model, "method": method, "profile": profile, "family": family,
+            "seed": seed, "status": status, "draw_evaluations": evals,
+            "accuracy": {"constrained": {"w1_sd_median": w1, "mean_error_sd_median": err}}}
+
+
+def test_targets_are_medians_over_posteriors_of_medians_over_seeds(tmp_path):
+    records = []
+    for p, scale in (("a", 1.0), ("b", 2.0), ("c", 4.0)):
+        for seed, jitter in enumerate((0.9, 1.0, 1.1)):
+            records.append(_rec(p, "trustvi", "lowrank", seed, 0.05 * scale * jitter, 0.01, 3000))
+            records.append(_rec(p, "trustvi", "fullrank", seed, 0.04 * scale * jitter, 0.01, 600))
+            records.append(_rec(p, "trustvi", "meanfield", seed, 0.5, 0.01, 1000 * scale))
+        # a failed seed does not count
+        records.append(_rec(p, "trustvi", "lowrank", 3, 99.0, 9.0, 10**6, status="error"))
+    table = lp.per_posterior(records)
+    assert table[lp.LOWRANK]["b"] == {"w1": pytest.approx(0.1), "mean_error": 0.01,
+                                      "evaluations": 3000.0, "seeds": 3}
+    # Pathfinder from a report's fits.csv (the configuration no store has)
+    path = tmp_path / "fits.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, ["model", "method", "profile", "family", "seed", "status",
+                                "mean_error_sd", "w1_sd", "draw_evaluations"])
+        w.writeheader()
+        for p in ("a", "b", "c"):
+            w.writerow({"model": p, "method": "pathfinder", "profile": "multi", "family": "none",
+                        "seed": 0, "status": "converged", "mean_error_sd": 0.05, "w1_sd": 0.08,
+                        "draw_evaluations": 9000})
+            # a TrustVI row in the CSV is ignored: the stores have that configuration
+            w.writerow({"model": p, "method": "trustvi", "profile": "default",
+                        "family": "meanfield", "seed": 0, "status": "converged",
+                        "mean_error_sd": 0.9, "w1_sd": 0.9, "draw_evaluations": 10**6})
+    records += [r for r in lp.csv_records(path) if lp.config(r) not in
+                {lp.config(x) for x in records}]
+    figures = lp.targets(lp.per_posterior(records))
+    assert figures["posteriors"] == 3
+    # W1 medians: low-rank 0.1, full rank 0.08 -> 1.25; Pathfinder 0.08 -> 1.25
+    assert figures["w1_vs_fullrank"] == pytest.approx(1.25)
+    assert figures["w1_vs_pathfinder"] == pytest.approx(1.25)
+    # evaluations: 3000 against mean-field's median 2000 -> 1.5; within 2x on b and c only
+    assert figures["evaluations_vs_meanfield"] == pytest.approx(1.5)
+    assert figures["posteriors_within_2x_meanfield_evaluations"] == 2
+    assert figures["posteriors_within_1.5x_fullrank_w1"] == 3
+    assert figures["posteriors_below_pathfinder_w1"] == 1   # a only (0.05 <= 0.08)
