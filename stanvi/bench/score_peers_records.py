@@ -2,7 +2,7 @@
 multi-path Pathfinder from one batch's records (issue T3-7; docs/benchmarks.md#bam-and-gsm-posteriordb).
 
 Per configuration, over the posteriors with reference draws: fits that ended normally, then the
-median over posteriors of each posterior's median over seeds of
+median, over the posteriors every configuration fitted, of each posterior's median over seeds of
 
 * the final W1/sd and standardized mean error against the reference draws (median over
   marginals, constrained space; :mod:`stanvi.batch.verdict_check`'s readers);
@@ -72,15 +72,20 @@ def table(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, fl
 
 
 def summary_text(tab: dict[str, dict[str, dict[str, float]]]) -> str:
-    """The per-configuration medians and the posteriors where a peer beats TrustVI."""
-    lines = ["| configuration | fits ok / all | posteriors | W1/sd | mean error/sd | evaluations "
+    """The per-configuration medians over the posteriors every configuration fitted, and the
+    posteriors where a peer beats TrustVI."""
+    sets = [set(v) - {"__fits__"} for v in tab.values()]
+    common = set.intersection(*sets) if sets else set()
+    lines = [f"medians over the {len(common)} posteriors every configuration fitted",
+             "| configuration | fits ok / all | posteriors | W1/sd | mean error/sd | evaluations "
              "per fit | evaluations to its final accuracy |", "|---|---|---|---|---|---|---|"]
     for cfg in sorted(tab):
-        per = {m: v for m, v in tab[cfg].items() if m != "__fits__"}
+        per = {m: v for m, v in tab[cfg].items() if m in common}
         fits = tab[cfg].get("__fits__", {"ok": 0, "total": 0})
         med = {k: float(np.median([v[k] for v in per.values()])) if per else math.nan
                for k in ("w1", "mean_error", "evaluations", "to_final")}
-        lines.append(f"| {cfg} | {fits['ok']} / {fits['total']} | {len(per)} | {med['w1']:.3f} | "
+        lines.append(f"| {cfg} | {fits['ok']} / {fits['total']} | {len(tab[cfg]) - 1} | "
+                     f"{med['w1']:.3f} | "
                      f"{med['mean_error']:.3f} | {med['evaluations']:,.0f} | "
                      f"{med['to_final']:,.0f} |")
     base = tab.get(TRUSTVI, {})
