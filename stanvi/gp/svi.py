@@ -90,7 +90,7 @@ def initial_carry(params):
     return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), carry)
 
 
-def prepare(model):
+def prepare(model) -> tuple[tuple, tuple, jax.Array | None]:
     """(carry, (X, y, θ, feature columns, prior precision diagonal), log s) of an svi run from
     its start: μ = 0, log σ from the basis's initial sd; the arguments every chunk takes."""
     basis = model.basis
