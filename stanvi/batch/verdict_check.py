@@ -145,14 +145,19 @@ def check(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "stability": stability(records)}
 
 
-def check_stores(dirs: list[str | Path]) -> dict[str, Any]:
-    """:func:`check` over the fit records of batch stores (``posteriordb_runs/records/<run>``)."""
+def fit_records(dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """The fit records of batch stores (``posteriordb_runs/records/<run>``)."""
     from stanvi.batch.store import RunStore  # noqa: PLC0415
 
     records: list[dict] = []
     for d in dirs:
         records += [r for r in RunStore(d).records("fit") if r.get("kind", "fit") == "fit"]
-    return check(records)
+    return records
+
+
+def check_stores(dirs: list[str | Path]) -> dict[str, Any]:
+    """:func:`check` over the fit records of batch stores."""
+    return check(fit_records(dirs))
 
 
 def _line(label: str, a: dict[str, Any], usable: bool) -> str:

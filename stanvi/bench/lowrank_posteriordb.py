@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from stanvi.batch.verdict_check import config, mean_error, w1_error
+from stanvi.batch.verdict_check import config, fit_records, mean_error, w1_error
 
 LOWRANK = "trustvi:default:lowrank"
 FULLRANK = "trustvi:default:fullrank"
@@ -34,21 +34,24 @@ PATHFINDER = "pathfinder:multi:none"
 COLUMNS = (LOWRANK, FULLRANK, PATHFINDER, MEANFIELD)
 
 
-def per_posterior(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """{configuration: {posterior: {"w1", "mean_error", "evaluations", "seeds"}}}: medians over
-    the seeds whose fit ended normally and has a reference accuracy."""
+OK = ("converged", "max_iters", "max_oracle", "ok")
+
+
+def per_posterior(records: Iterable[dict[str, Any]], ok: tuple[str, ...] = OK,
+                  extra: dict[str, Any] | None = None) -> dict[str, dict[str, dict[str, float]]]:
+    """{configuration: {posterior: {"w1", "mean_error", "evaluations", "seeds", *extra}}}:
+    medians over the seeds whose status is in ``ok`` and that have a reference accuracy;
+    ``extra`` maps more figures' names to functions of a record."""
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in records:
-        if r.get("status") in ("converged", "max_iters", "max_oracle", "ok") \
-                and mean_error(r) is not None:
+        if r.get("status") in ok and mean_error(r) is not None:
             runs[(config(r), r.get("model"))].append(r)
+    figures = {"w1": w1_error, "mean_error": mean_error,
+               "evaluations": lambda r: r.get("draw_evaluations") or 0, **(extra or {})}
     out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
     for (cfg, model), rs in runs.items():
-        out[cfg][model] = {"w1": float(np.median([w1_error(r) for r in rs])),
-                           "mean_error": float(np.median([mean_error(r) for r in rs])),
-                           "evaluations": float(np.median([r.get("draw_evaluations") or 0
-                                                           for r in rs])),
-                           "seeds": len(rs)}
+        out[cfg][model] = {k: float(np.median([f(r) for r in rs])) for k, f in figures.items()}
+        out[cfg][model]["seeds"] = len(rs)
     return out
 
 
@@ -97,12 +100,8 @@ def csv_records(path: str | Path) -> list[dict[str, Any]]:
 def check_stores(sources: Iterable[str | Path]) -> tuple[dict, dict]:
     """(per-posterior table, targets) over the fit records of batch stores and, for the
     configurations none of the stores has, the rows of reports' ``fits.csv`` files."""
-    from stanvi.batch.store import RunStore  # noqa: PLC0415
-
     sources = [str(s) for s in sources]
-    records: list[dict] = []
-    for src in (s for s in sources if not s.endswith(".csv")):
-        records += [r for r in RunStore(src).records("fit") if r.get("kind", "fit") == "fit"]
+    records = fit_records(s for s in sources if not s.endswith(".csv"))
     have = {config(r) for r in records}
     for src in (s for s in sources if s.endswith(".csv")):   # configurations no store has
         records += [r for r in csv_records(src) if config(r) not in have]

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from stanvi.batch.summary import as_run
-from stanvi.batch.verdict_check import config, mean_error, w1_error
+from stanvi.batch.verdict_check import config, fit_records, mean_error
+from stanvi.bench.lowrank_posteriordb import per_posterior
 from stanvi.evaluation.protocol import first_consistent
 
 REACHED_NATS = 0.1
@@ -51,21 +52,12 @@ def evaluations_to_final(record: dict[str, Any]) -> float:
 
 def table(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """{configuration: {posterior: medians over its normal seeds}} (and the fit counts)."""
-    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    records = list(records)
+    out = per_posterior(records, OK, {"to_final": evaluations_to_final})
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for r in records:
-        cfg = config(r)
-        counts[cfg][1] += 1
-        if r.get("status") in OK and mean_error(r) is not None:
-            counts[cfg][0] += 1
-            runs[(cfg, r["model"])].append(r)
-    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
-    for (cfg, model), rs in runs.items():
-        out[cfg][model] = {
-            "w1": float(np.median([w1_error(r) for r in rs])),
-            "mean_error": float(np.median([mean_error(r) for r in rs])),
-            "evaluations": float(np.median([r.get("draw_evaluations") or 0 for r in rs])),
-            "to_final": float(np.median([evaluations_to_final(r) for r in rs]))}
+        counts[config(r)][1] += 1
+        counts[config(r)][0] += r.get("status") in OK and mean_error(r) is not None
     for cfg, (ok, total) in counts.items():
         out[cfg]["__fits__"] = {"ok": ok, "total": total}
     return out
@@ -107,9 +99,4 @@ def summary_text(tab: dict[str, dict[str, dict[str, float]]]) -> str:
 
 def check_stores(dirs: Iterable[str | Path]) -> str:
     """:func:`summary_text` over the fit records of batch stores."""
-    from stanvi.batch.store import RunStore  # noqa: PLC0415
-
-    records: list[dict] = []
-    for d in dirs:
-        records += [r for r in RunStore(d).records("fit") if r.get("kind", "fit") == "fit"]
-    return summary_text(table(records))
+    return summary_text(table(fit_records(dirs)))
