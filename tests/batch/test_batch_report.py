@@ -224,8 +224,11 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
                          text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "Uncaught" not in dom.stderr, dom.stderr[-2000:]   # no JavaScript error
-    # the page's own script counts the images that decoded, once they have loaded
-    assert 'data-images-loaded="2"' in dom.stdout, dom.stdout[:2000]
+    # the page's own script counts the images that decoded, once they have loaded: every <img>
+    # on the page (this fixture has accuracy.png, evaluations.png and traces.png)
+    images = index.read_text().count("<img ")
+    assert images == 3, images
+    assert f'data-images-loaded="{images}"' in dom.stdout, dom.stdout[:2000]
     # the summary, the methods' table, the failures, a table per model (3), the protocol and
     # the compile failures
     assert "id=\"summary\"" in dom.stdout and dom.stdout.count("<table") == 7
