@@ -45,7 +45,8 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
             unconstrained vector (then give ``dim``).
         data: the Stan data (dict, JSON path or JSON string).
         method: 'trustvi' (default), 'advi', 'hfsgvi', 'jointcv', 'mlmcvi', or 'bam' and
-            'gsm' (family 'fullrank' only; see ``stanvi.methods.available()``); for a ``stanvi.gp`` model 'qsgp', 'exact' or
+            'gsm' (family 'fullrank'; 'bam' also 'lowrank', docs/methods.md#pbam; see
+            ``stanvi.methods.available()``); for a ``stanvi.gp`` model 'qsgp', 'exact' or
             'svi' (docs/gp.md; the result is a ``stanvi.gp.GPFit``); Stan's own 'nuts',
             'pathfinder' or 'stan-advi' on a Stan model (the result is a
             :class:`stanvi.reference.ReferenceFit`; their settings under Stan's names,

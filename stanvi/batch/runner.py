@@ -105,7 +105,8 @@ def plan(cases: Iterable[ModelCase], config: BatchConfig) -> list[tuple[ModelCas
 
 def _families_for(method: str, families: tuple[str, ...]) -> tuple[str, ...]:
     """The batch's families that ``method`` fits: all of them, or for a method that names the
-    families it supports (``FAMILIES_SUPPORTED``: bam and gsm fit the full-rank family only)
+    families it supports (``FAMILIES_SUPPORTED``: gsm fits the full-rank family only, bam also
+    the low-rank one)
     those among them."""
     from stanvi.methods import METHODS  # noqa: PLC0415
 

@@ -35,11 +35,15 @@ import jax
 import numpy as np
 
 from stanvi.methods.base import MethodResult, RunContext
-# the method-module contract (PROFILES … FAMILIES_SUPPORTED, stanvi.methods) is the same for
-# both score methods: score_vi's, re-exported
-from stanvi.methods.score_vi import (DEFAULT_PROFILE, ESTIMATOR, FAMILIES_SUPPORTED,  # noqa: F401
-                                     HOST_PATH, PROFILES, ScoreOptions, batch_size,
-                                     check_options, run_score_method)
+# the method-module contract (PROFILES … HOST_PATH, stanvi.methods) is the same for both score
+# methods: score_vi's, re-exported (BaM alone also fits the low-rank family)
+from stanvi.methods.bam_lowrank import PATCH_STEPS, LowRankCov, pbam_update
+from stanvi.methods.score_vi import (DEFAULT_PROFILE, ESTIMATOR, HOST_PATH,  # noqa: F401
+                                     PROFILES, ScoreOptions, batch_size, check_options,
+                                     run_score_method)
+
+#: full rank, and the diagonal-plus-low-rank family by pBaM (:mod:`stanvi.methods.bam_lowrank`)
+FAMILIES_SUPPORTED = ("fullrank", "lowrank")
 
 
 @dataclass(frozen=True)
@@ -50,12 +54,15 @@ class Options(ScoreOptions):
 
     schedule: str = "decay"           # λ_t = lr/(t+1) ('decay') [P] | lr ('constant') [P]
     lr: float | None = None           # None: lr = B·D, so λ_t = BD/(t+1) [P]
+    patch_steps: int = PATCH_STEPS    # family='lowrank': EM iterations of pBaM's patch [R]
 
     def __post_init__(self) -> None:
         check_options("bam", self, {"schedule": ("decay", "constant"), "init": ("zero", "random"),
                                     "warm_start": ("none", "laplace")})
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"bam option lr must be positive, got {self.lr}")
+        if self.patch_steps < 1:
+            raise ValueError(f"bam option patch_steps must be at least 1, got {self.patch_steps}")
 
 
 def learning_rate(o: Options, t: int, B: int, dim: int) -> float:
@@ -89,16 +96,22 @@ def bam_update(mu: np.ndarray, cov: np.ndarray, z: np.ndarray, g: np.ndarray,
 
 
 def run(target, family, *, key: jax.Array, options: Options, context: RunContext) -> MethodResult:
-    """Batch and match (module docstring) on a full-rank Gaussian family."""
+    """Batch and match (module docstring) on the full-rank family, or batch, match and patch
+    (:mod:`stanvi.methods.bam_lowrank`) on the low-rank one."""
     o = options
     B = batch_size(o.batch_size)
 
     def update(mu, cov, z, g, k):
         lam = learning_rate(o, k - 1, B, family.dim)
         try:
-            mu_new, cov_new = bam_update(mu, cov, z, g, lam)
-        except np.linalg.LinAlgError:       # V not positive definite: rejected by the loop
-            mu_new, cov_new = mu, np.full_like(cov, np.nan)
+            if isinstance(cov, LowRankCov):
+                mu_new, cov_new = pbam_update(mu, cov, z, g, lam, o.patch_steps)
+            else:
+                mu_new, cov_new = bam_update(mu, cov, z, g, lam)
+        except np.linalg.LinAlgError:       # not positive definite: rejected by the loop
+            mu_new = mu
+            cov_new = (LowRankCov(np.full_like(cov.psi, np.nan), cov.lam)
+                       if isinstance(cov, LowRankCov) else np.full_like(cov, np.nan))
         return mu_new, cov_new, {"lr": lam}
 
     return run_score_method("bam", update, target, family, key=key, options=o,

@@ -52,6 +52,8 @@ DEFAULT_PROFILE = "default"
 ESTIMATOR = "reparameterization"   # only its values_and_model_grads (scores at draws) is used
 HOST_PATH = True   # the loop is Python: the NumPy host estimator serves it on a Stan model
 FAMILIES_SUPPORTED = ("fullrank",)   # a dense N(μ, Σ) (batch runs plan only these families)
+#: BaM also fits the diagonal-plus-low-rank family (pBaM, :mod:`stanvi.methods.bam_lowrank`)
+LOWRANK_METHODS = ("bam",)
 
 #: update(μ, Σ, z (B, D), g (B, D), iteration) -> (μ', Σ', extra trace fields)
 Update = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int],
@@ -71,14 +73,49 @@ class ScoreState(NamedTuple):
     elbos: tuple = ()
 
 
-def check_family(family, method: str) -> None:
-    """A ValueError unless the family holds a dense Gaussian N(μ, Σ) that the method can set
-    from its moments (the full-rank family's ``params_from_moments``)."""
-    if not hasattr(family, "params_from_moments"):
-        raise ValueError(
-            f"method {method!r} fits a full-rank Gaussian by closed-form updates of its mean and "
-            f"covariance: use family='fullrank' (got {getattr(family, 'name', family)!r}). "
-            f"(BaM's low-rank-plus-diagonal variant for family='lowrank' is not built yet.)")
+class DenseMoments:
+    """The loop's view of the full-rank family: q's covariance as a dense D × D matrix, base
+    draws of width D mapped by its Cholesky factor (:class:`stanvi.methods.bam_lowrank.
+    LowRankMoments` is the low-rank family's)."""
+
+    def __init__(self, family) -> None:
+        self.family = family
+
+    def start(self, mu0: np.ndarray, log_scale0: float) -> tuple[np.ndarray, np.ndarray]:
+        """(λ₀, Σ₀) of q₀ = N(μ₀, e^{2·log_scale0} I)."""
+        cov0 = math.exp(2.0 * log_scale0) * np.eye(len(mu0))
+        return self.family.params_from_moments(mu0, cov0), cov0
+
+    def covariance(self, params: np.ndarray) -> np.ndarray:
+        lower = self.family.lower_factor(params)
+        return lower @ lower.T
+
+    def draw_map(self, params: np.ndarray, mu: np.ndarray, cov: np.ndarray):
+        """(base-draw width, ε ↦ z = μ + L ε)."""
+        lower = np.linalg.cholesky(cov)
+        return len(mu), lambda eps: mu + eps @ lower.T
+
+    checked = staticmethod(lambda cov: symmetric_pd(cov))
+    kl = staticmethod(lambda mu1, cov1, mu0, cov0: gaussian_kl(mu1, cov1, mu0, cov0))
+
+    def params(self, mu: np.ndarray, cov: np.ndarray) -> np.ndarray:
+        return self.family.params_from_moments(mu, cov)
+
+
+def check_family(family, method: str):
+    """The loop's view of the family (:class:`DenseMoments`, or the low-rank family's for
+    BaM); a ValueError for a family the method cannot update in closed form."""
+    if hasattr(family, "params_from_moments"):
+        return DenseMoments(family)
+    # a diagonal-plus-low-rank family: its (μ, d, B) parts (LowRank.parts_np)
+    if method in LOWRANK_METHODS and hasattr(family, "parts_np"):
+        from stanvi.methods.bam_lowrank import LowRankMoments  # noqa: PLC0415
+
+        return LowRankMoments(family)
+    supported = "'fullrank' or 'lowrank'" if method in LOWRANK_METHODS else "'fullrank'"
+    raise ValueError(
+        f"method {method!r} fits a Gaussian by closed-form updates of its mean and covariance: "
+        f"use family={supported} (got {getattr(family, 'name', family)!r})")
 
 
 @dataclass(frozen=True)
@@ -155,20 +192,22 @@ def symmetric_pd(cov: np.ndarray) -> np.ndarray | None:
     return cov
 
 
-def score_batch(est, params: np.ndarray, mu: np.ndarray, lower: np.ndarray, key: jax.Array,
-                n: int, max_drops: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """n draws z = μ + L ε from q with finite log density and gradient, their scores
-    ∇log p(z) and ELBO integrands ℓ = log p(z) + H(q) (the estimator's
-    ``values_and_model_grads``); failed draws are redrawn.  Returns (z, g, ℓ, draws evaluated);
-    raises :class:`GradientFailure` after ``max_drops`` failed draws."""
+def score_batch(est, params: np.ndarray, draw_map, key: jax.Array, n: int,
+                max_drops: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """n draws z of q with finite log density and gradient (``draw_map`` = (width of a base
+    draw ε, ε ↦ z)), their scores ∇log p(z) and ELBO integrands ℓ = log p(z) + H(q) (the
+    estimator's ``values_and_model_grads``); failed draws are redrawn.  Returns
+    (z, g, ℓ, draws evaluated); raises :class:`GradientFailure` after ``max_drops`` failed
+    draws."""
 
     def evaluate(eps):
         values, g = est.values_and_model_grads(params, eps)
         return np.isfinite(values) & np.isfinite(g).all(axis=1), g, values
 
-    (eps, g, values), _, evaluated = collect_valid(evaluate, key, n, len(mu), max_drops,
+    width, to_z = draw_map
+    (eps, g, values), _, evaluated = collect_valid(evaluate, key, n, width, max_drops,
                                                    "a batch of scores")
-    return mu + eps @ lower.T, g, values, evaluated
+    return to_z(eps), g, values, evaluated
 
 
 def run_score_method(method: str, update: Update, target, family, *, key: jax.Array, options,
@@ -178,13 +217,12 @@ def run_score_method(method: str, update: Update, target, family, *, key: jax.Ar
     approximation at the mode when its ELBO is higher (:func:`laplace_start`), iterations of
     batch → update → stopping rule."""
     o = options
-    check_family(family, method)
+    moments = check_family(family, method)
     est = context.estimator
     dim = family.dim
     B = batch_size(o.batch_size)
     mu0, _ = context.initial_mean(o.init)
-    cov0 = math.exp(2.0 * o.log_scale0) * np.eye(dim)
-    params0 = family.params_from_moments(mu0, cov0)
+    params0, cov0 = moments.start(mu0, o.log_scale0)
     ledger = OracleLedger()
     info: dict = {}
     if o.warm_start == "laplace" and target is not None:
@@ -192,8 +230,7 @@ def run_score_method(method: str, update: Update, target, family, *, key: jax.Ar
         params0, info = laplace_start(target, family, est, mu0, params0,
                                       key=purpose_key(key, 0, "init"), ledger=ledger,
                                       log_scale0=o.log_scale0)
-        lower = family.lower_factor(params0)
-        mu0, cov0 = np.asarray(family.mean(params0), dtype=float), lower @ lower.T
+        mu0, cov0 = np.asarray(family.mean(params0), dtype=float), moments.covariance(params0)
     state = ScoreState(params0, np.asarray(mu0, dtype=float), cov0)
     trace = Trace(compile_clock=compile_clock(est))
     trace.record(0, state.params, ledger)
@@ -201,11 +238,10 @@ def run_score_method(method: str, update: Update, target, family, *, key: jax.Ar
     n_elbo = max(o.window, math.ceil(o.elbo_draws / B))
 
     def step(s: ScoreState, k: int) -> StepOutcome:
-        lower = np.linalg.cholesky(s.cov)
         try:
             z, g, values, evaluated = score_batch(
-                est, s.params, s.mu, lower, purpose_key(key, k, "gradient"), B,
-                o.max_gradient_drops_factor * B)
+                est, s.params, moments.draw_map(s.params, s.mu, s.cov),
+                purpose_key(key, k, "gradient"), B, o.max_gradient_drops_factor * B)
         except GradientFailure as exc:
             ledger.redrawn(exc.evaluated)
             return StepOutcome(s, None, ("failed", f"the model failed at too many draws of q "
@@ -213,7 +249,7 @@ def run_score_method(method: str, update: Update, target, family, *, key: jax.Ar
         ledger.gradient(B)
         ledger.redrawn(evaluated - B)
         mu_new, cov_new, extra = update(s.mu, s.cov, z, g, k)
-        cov_new = symmetric_pd(cov_new) if np.all(np.isfinite(mu_new)) else None
+        cov_new = moments.checked(cov_new) if np.all(np.isfinite(mu_new)) else None
         elbo = float(np.mean(values))
         elbos = (s.elbos + (elbo,))[-2 * n_elbo:]
         row = dict(elbo=elbo, **extra)
@@ -227,9 +263,9 @@ def run_score_method(method: str, update: Update, target, family, *, key: jax.Ar
                 stop = ("failed", f"{rejects} updates in a row gave a covariance that is not "
                                   f"positive definite (or not finite), at iteration {k}")
             return StepOutcome(new, row, stop)
-        kl = gaussian_kl(mu_new, cov_new, s.mu, s.cov)
+        kl = moments.kl(mu_new, cov_new, s.mu, s.cov)
         small = s.small + 1 if tol is not None and kl <= tol else 0
-        new = ScoreState(family.params_from_moments(mu_new, cov_new), mu_new, cov_new, small,
+        new = ScoreState(moments.params(mu_new, cov_new), mu_new, cov_new, small,
                          0, s.n_rejected, elbos)
         row.update(kl_step=kl, rejected=0)
         stop = None

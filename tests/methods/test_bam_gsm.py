@@ -171,7 +171,7 @@ def test_affine_invariance(update):
 def test_meanfield_family_is_refused():
     problem = make_problem(3, correlated=False)
     for method in ("bam", "gsm"):
-        with pytest.raises(ValueError, match="family='fullrank'.*low-rank"):
+        with pytest.raises(ValueError, match="family='fullrank'"):
             stanvi.fit(problem.log_density, dim=3, method=method, family="meanfield",
                        progress=False)
 
@@ -268,7 +268,7 @@ def test_batch_plans_bam_and_gsm_on_the_fullrank_family_only():
 
     from stanvi.batch.runner import BatchConfig, check_config, plan  # noqa: PLC0415
 
-    with pytest.raises(ValueError, match="'bam' fits the fullrank family only"):
+    with pytest.raises(ValueError, match="'bam' fits the fullrank or lowrank family only"):
         check_config(BatchConfig(methods=(("bam", None),), families=("meanfield",)))
     config = BatchConfig(methods=(("bam", None), ("gsm", "paper"), ("advi", None)),
                          families=("meanfield", "fullrank"), seeds=1)
