@@ -1,5 +1,6 @@
 """``stanvi bench score-peers --records DIR[,DIR...]``: BaM and GSM beside TrustVI full-rank and
-multi-path Pathfinder from one batch's records (issue T3-7; docs/benchmarks.md#bam-and-gsm-posteriordb).
+multi-path Pathfinder from batch records, and BaM low-rank (pBaM) beside TrustVI low-rank where
+the records have both (issue T3-7; docs/benchmarks.md#bam-and-gsm-posteriordb).
 
 Per configuration, over the posteriors with reference draws: fits that ended normally, then the
 median, over the posteriors every configuration fitted, of each posterior's median over seeds of
@@ -13,8 +14,8 @@ median, over the posteriors every configuration fitted, of each posterior's medi
   (:func:`stanvi.evaluation.protocol.first_consistent`); for a method that reports only its
   end (Pathfinder), its evaluations.
 
-Then, posterior by posterior, where BaM or GSM beats TrustVI: a W1/sd at least 10 % lower, or
-the same accuracy (within 10 %) for fewer evaluations.
+Then, posterior by posterior, where BaM or GSM beats TrustVI in the same family: a W1/sd at
+least 10 % lower, or the same accuracy (within 10 %) for fewer evaluations.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ from stanvi.evaluation.protocol import first_consistent
 
 REACHED_NATS = 0.1
 TRUSTVI = "trustvi:default:fullrank"
-PEERS = ("bam:default:fullrank", "gsm:default:fullrank")
+#: (TrustVI's configuration, the peer compared with it): full rank, and on the low-rank family
+#: BaM's pBaM against TrustVI low-rank (when the records have them)
+PAIRS = ((TRUSTVI, "bam:default:fullrank"), (TRUSTVI, "gsm:default:fullrank"),
+         ("trustvi:default:lowrank", "bam:default:lowrank"))
 OK = ("converged", "max_iters")
 
 
@@ -80,15 +84,16 @@ def summary_text(tab: dict[str, dict[str, dict[str, float]]]) -> str:
                      f"{med['w1']:.3f} | "
                      f"{med['mean_error']:.3f} | {med['evaluations']:,.0f} | "
                      f"{med['to_final']:,.0f} |")
-    base = tab.get(TRUSTVI, {})
-    for peer in PEERS:
-        other = tab.get(peer, {})
+    for ours, peer in PAIRS:
+        base, other = tab.get(ours, {}), tab.get(peer, {})
+        if not base or not other:
+            continue
         common = sorted(set(base) & set(other) - {"__fits__"})
         better = [m for m in common if other[m]["w1"] < 0.9 * base[m]["w1"]]
         cheaper = [m for m in common if m not in better
                    and other[m]["w1"] <= 1.1 * base[m]["w1"]
                    and other[m]["evaluations"] < base[m]["evaluations"]]
-        lines += ["", f"{peer} against {TRUSTVI} on {len(common)} posteriors: W1/sd ≥ 10 % "
+        lines += ["", f"{peer} against {ours} on {len(common)} posteriors: W1/sd ≥ 10 % "
                   f"lower on {len(better)}, as accurate (within 10 %) for fewer evaluations on "
                   f"{len(cheaper)}"]
         lines += [f"  {m}: W1/sd {other[m]['w1']:.3f} vs {base[m]['w1']:.3f}, evaluations "

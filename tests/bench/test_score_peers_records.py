@@ -41,3 +41,21 @@ def test_where_a_peer_beats_trustvi():
             "lower on 1, as accurate (within 10 %) for fewer evaluations on 1") in text
     assert "  p1: W1/sd 0.050 vs 0.100" in text and "  p2: W1/sd 0.105 vs 0.100" in text
     assert "  p3:" not in text
+
+
+def test_pbam_is_compared_with_trustvi_lowrank_only():
+    """BaM low-rank is set against TrustVI low-rank, not full-rank; a pair whose records are
+    missing (no gsm here) prints nothing."""
+    records = []
+    for seed in range(3):
+        records += [_rec("p1", "trustvi", seed, 0.10, 5000), _rec("p1", "bam", seed, 0.30, 900)]
+        low = [_rec("p1", "trustvi", seed, 0.20, 3000), _rec("p1", "bam", seed, 0.15, 4000)]
+        for r in low:
+            r["family"] = "lowrank"
+        records += low
+    text = sp.summary_text(sp.table(records))
+    assert ("bam:default:lowrank against trustvi:default:lowrank on 1 posteriors: W1/sd ≥ 10 % "
+            "lower on 1") in text
+    assert "bam:default:fullrank against trustvi:default:fullrank on 1 posteriors: W1/sd ≥ 10 % "\
+           "lower on 0, as accurate (within 10 %) for fewer evaluations on 0" in text
+    assert "gsm" not in text
