@@ -61,6 +61,10 @@ class LowRank(LowRankHostMath, GaussianDefaults):
     dim: int
     rank: int | None = None
     name: str = "lowrank"
+    #: how the Laplace start fits the family to N(mode, H⁻¹): "ppca" (probabilistic PCA of H⁻¹,
+    #: :meth:`params_from_covariance`) or "reverse_kl" (the member nearest it in KL(q ‖ ·),
+    #: :mod:`stanvi.families.lowrank_start`; docs/algorithms.md#lowrank-start)
+    laplace_fit: str = "ppca"
     # poor trust-region steps here come from (d, B)'s non-concave, nearly flat directions (at
     # rank ~D/2 the family has as many parameters as full rank), which HVPs do not cure and
     # pay for with n·k model evaluations per product (docs/algorithms.md#lowrank)
@@ -74,6 +78,9 @@ class LowRank(LowRankHostMath, GaussianDefaults):
             raise ValueError(f"lowrank: rank {rank} exceeds the dimension {self.dim} (use "
                              f"family='fullrank')")
         object.__setattr__(self, "rank", int(rank))
+        if self.laplace_fit not in ("ppca", "reverse_kl"):
+            raise ValueError(f"lowrank: laplace_fit must be 'ppca' or 'reverse_kl', got "
+                             f"{self.laplace_fit!r}")
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -97,8 +104,10 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         return False
 
     def family_options(self) -> dict[str, Any]:
-        """``{"rank": k}``: a saved fit rebuilds the same family."""
-        return {"rank": self.rank}
+        """``{"rank": k}`` (and ``laplace_fit`` when not the default): a saved fit rebuilds the
+        same family."""
+        return {"rank": self.rank, **({"laplace_fit": self.laplace_fit}
+                                      if self.laplace_fit != "ppca" else {})}
 
     def log_g_offset(self, params) -> float:
         """D/2 log 2π: Stan's ``log_g__`` as log q without the N(0, I) constant (the map
@@ -161,6 +170,10 @@ class LowRank(LowRankHostMath, GaussianDefaults):
             if np.all(np.isfinite(cov)):
                 out = self.params_from_covariance(mu, cov)
                 if np.all(np.isfinite(out)):
+                    if self.laplace_fit == "reverse_kl":
+                        from stanvi.families.lowrank_start import reverse_kl_params  # noqa: PLC0415
+
+                        return reverse_kl_params(self, mu, prec, out)
                     return out
         except np.linalg.LinAlgError:
             pass
