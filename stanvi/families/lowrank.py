@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stanvi.families.lowrank_host import LowRankHostMath, trapezoid_mask
+from stanvi.families.lowrank_host import LowRankHostMath, lower_trapezoidal, trapezoid_mask
+from stanvi.families.lowrank_start import reverse_kl_params
 from stanvi.families.protocol import GaussianDefaults
 
 LOG_2PI = math.log(2.0 * math.pi)
@@ -126,17 +127,21 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         R = R * trapezoid_mask(self.dim, self.rank)
         return INIT_FACTOR * math.exp(float(log_scale0)) * R / math.sqrt(self.rank)
 
+    def pack(self, mu: np.ndarray, omega: np.ndarray, B: np.ndarray) -> np.ndarray:
+        """λ = (μ, ω, vec B row by row) (the inverse of :meth:`parts_np`, with d = e^ω)."""
+        return np.concatenate([np.asarray(mu, dtype=float), np.asarray(omega, dtype=float),
+                               np.asarray(B, dtype=float).ravel()])
+
     def initial_params(self, mu0: np.ndarray, log_scale0: float = 0.0) -> np.ndarray:
         """λ₀ = (μ₀, ω₀·1, vec B₀) (:meth:`initial_factor`)."""
-        return np.concatenate([np.asarray(mu0, dtype=float), np.full(self.dim, float(log_scale0)),
-                               self.initial_factor(log_scale0).ravel()])
+        return self.pack(mu0, np.full(self.dim, float(log_scale0)),
+                         self.initial_factor(log_scale0))
 
     def diagonal_params(self, mu: np.ndarray, log_sd: np.ndarray) -> np.ndarray:
         """λ of N(μ, diag(e^{2 log_sd})) plus the small B₀ of :meth:`initial_factor` at the
         median log sd (B = 0 is a stationary point of the ELBO in B)."""
         log_sd = np.asarray(log_sd, dtype=float)
-        return np.concatenate([np.asarray(mu, dtype=float), log_sd,
-                               self.initial_factor(float(np.median(log_sd))).ravel()])
+        return self.pack(mu, log_sd, self.initial_factor(float(np.median(log_sd))))
 
     def params_from_covariance(self, mu: np.ndarray, cov: np.ndarray) -> np.ndarray:
         """λ of a diagonal-plus-rank-k fit of a dense covariance (small D): B from its top k
@@ -152,10 +157,10 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         rest = vals[k:]
         s = float(rest.mean()) if rest.size else 0.0
         B = vecs[:, :k] * np.sqrt(np.maximum(vals[:k] - max(s, 0.0), 0.0))
-        B = np.linalg.qr(B.T)[1].T     # the lower-trapezoidal L of B = LQ (same BBᵀ)
+        B = lower_trapezoidal(B)
         var = np.diagonal(cov)
         d2 = np.maximum(var - np.sum(B * B, axis=1), 1e-3 * var)
-        return np.concatenate([np.asarray(mu, dtype=float), 0.5 * np.log(d2), B.ravel()])
+        return self.pack(mu, 0.5 * np.log(d2), B)
 
     def params_from_precision(self, mu: np.ndarray, precision: np.ndarray,
                               log_scale0: float) -> np.ndarray:
@@ -170,18 +175,14 @@ class LowRank(LowRankHostMath, GaussianDefaults):
             if np.all(np.isfinite(cov)):
                 out = self.params_from_covariance(mu, cov)
                 if np.all(np.isfinite(out)):
-                    if self.laplace_fit == "reverse_kl":
-                        from stanvi.families.lowrank_start import reverse_kl_params  # noqa: PLC0415
-
-                        return reverse_kl_params(self, mu, prec, out)
-                    return out
+                    return (reverse_kl_params(self, mu, prec, out)
+                            if self.laplace_fit == "reverse_kl" else out)
         except np.linalg.LinAlgError:
             pass
         diag = np.diagonal(prec)
         ok = np.isfinite(diag) & (diag > 0)
         omega = np.where(ok, -0.5 * np.log(np.where(ok, diag, 1.0)), float(log_scale0))
-        return np.concatenate([np.asarray(mu, dtype=float), omega,
-                               self.initial_factor(float(np.median(omega))).ravel()])
+        return self.pack(mu, omega, self.initial_factor(float(np.median(omega))))
 
     @property
     def dense_precision_max_dim(self) -> int:

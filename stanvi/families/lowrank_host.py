@@ -42,6 +42,12 @@ def trapezoid_mask(dim: int, rank: int) -> np.ndarray:
     return mask
 
 
+def lower_trapezoidal(B: np.ndarray) -> np.ndarray:
+    """The lower-trapezoidal L of B = L O (O orthogonal; the QR factorization of Bᵀ): the same
+    BBᵀ in the family's gauge."""
+    return np.linalg.qr(B.T)[1].T
+
+
 class LowRankHostMath:
     """NumPy pieces of :class:`~stanvi.families.lowrank.LowRank` (module docstring).  The class it
     is mixed into provides ``dim`` (D) and ``rank`` (k)."""

@@ -109,9 +109,7 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
             else:
                 mu_new, cov_new = bam_update(mu, cov, z, g, lam)
         except np.linalg.LinAlgError:       # not positive definite: rejected by the loop
-            mu_new = mu
-            cov_new = (LowRankCov(np.full_like(cov.psi, np.nan), cov.lam)
-                       if isinstance(cov, LowRankCov) else np.full_like(cov, np.nan))
+            mu_new, cov_new = mu, None
         return mu_new, cov_new, {"lr": lam}
 
     return run_score_method("bam", update, target, family, key=key, options=o,

@@ -41,6 +41,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from stanvi.families.lowrank_host import lower_trapezoidal
+
 #: EM iterations of the patch per BaM step (the authors' ``niter_em`` default).
 PATCH_STEPS = 10
 #: The floor of ψ after a patch (the authors' ``jitter``).
@@ -125,11 +127,6 @@ def pbam_update(mu: np.ndarray, cov: LowRankCov, z: np.ndarray, g: np.ndarray, l
     return mu_new, patch(matched, cov, patch_steps)
 
 
-def trapezoidal(lam: np.ndarray) -> np.ndarray:
-    """The lower-trapezoidal L with L Lᵀ = Λ Λᵀ (Λ = L O, from the QR factorization of Λᵀ)."""
-    return np.linalg.qr(lam.T)[1].T
-
-
 def _woodbury_parts(cov: LowRankCov) -> tuple[np.ndarray, np.ndarray, float]:
     """(W = Ψ⁻¹Λ, the Cholesky factor of C = I + ΛᵀΨ⁻¹Λ, log det Σ)."""
     W = cov.lam / cov.psi[:, None]
@@ -189,9 +186,9 @@ class LowRankMoments:
         return self.family.base_dim, lambda eps: self.family.sample_np(params, eps)
 
     def checked(self, cov: LowRankCov) -> LowRankCov | None:
-        return LowRankCov(cov.psi, trapezoidal(cov.lam)) if valid(cov) else None
+        return LowRankCov(cov.psi, lower_trapezoidal(cov.lam)) if valid(cov) else None
 
     kl = staticmethod(lowrank_kl)
 
     def params(self, mu: np.ndarray, cov: LowRankCov) -> np.ndarray:
-        return np.concatenate([mu, 0.5 * np.log(cov.psi), cov.lam.ravel()])
+        return self.family.pack(mu, 0.5 * np.log(cov.psi), cov.lam)

@@ -55,7 +55,8 @@ FAMILIES_SUPPORTED = ("fullrank",)   # a dense N(μ, Σ) (batch runs plan only t
 #: BaM also fits the diagonal-plus-low-rank family (pBaM, :mod:`stanvi.methods.bam_lowrank`)
 LOWRANK_METHODS = ("bam",)
 
-#: update(μ, Σ, z (B, D), g (B, D), iteration) -> (μ', Σ', extra trace fields)
+#: update(μ, Σ, z (B, D), g (B, D), iteration) -> (μ', Σ', extra trace fields); Σ' None (or
+#: not finite, not positive definite) is a rejected update
 Update = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int],
                   tuple[np.ndarray, np.ndarray, dict]]
 
@@ -95,8 +96,13 @@ class DenseMoments:
         lower = np.linalg.cholesky(cov)
         return len(mu), lambda eps: mu + eps @ lower.T
 
-    checked = staticmethod(lambda cov: symmetric_pd(cov))
-    kl = staticmethod(lambda mu1, cov1, mu0, cov0: gaussian_kl(mu1, cov1, mu0, cov0))
+    @staticmethod
+    def checked(cov: np.ndarray) -> np.ndarray | None:
+        return symmetric_pd(cov)
+
+    @staticmethod
+    def kl(mu1: np.ndarray, cov1: np.ndarray, mu0: np.ndarray, cov0: np.ndarray) -> float:
+        return gaussian_kl(mu1, cov1, mu0, cov0)
 
     def params(self, mu: np.ndarray, cov: np.ndarray) -> np.ndarray:
         return self.family.params_from_moments(mu, cov)
@@ -249,7 +255,8 @@ def run_score_method(method: str, update: Update, target, family, *, key: jax.Ar
         ledger.gradient(B)
         ledger.redrawn(evaluated - B)
         mu_new, cov_new, extra = update(s.mu, s.cov, z, g, k)
-        cov_new = moments.checked(cov_new) if np.all(np.isfinite(mu_new)) else None
+        cov_new = (moments.checked(cov_new) if cov_new is not None and np.all(np.isfinite(mu_new))
+                   else None)
         elbo = float(np.mean(values))
         elbos = (s.elbos + (elbo,))[-2 * n_elbo:]
         row = dict(elbo=elbo, **extra)
