@@ -128,7 +128,7 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         return INIT_FACTOR * math.exp(float(log_scale0)) * R / math.sqrt(self.rank)
 
     def pack(self, mu: np.ndarray, omega: np.ndarray, B: np.ndarray) -> np.ndarray:
-        """λ = (μ, ω, vec B row by row) (the inverse of :meth:`parts_np`, with d = e^ω)."""
+        """λ = (μ, ω, vec B row by row), with d = e^ω: the layout the NumPy pieces read back."""
         return np.concatenate([np.asarray(mu, dtype=float), np.asarray(omega, dtype=float),
                                np.asarray(B, dtype=float).ravel()])
 
