@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stanvi.families.lowrank_host import LowRankHostMath, lower_trapezoidal, trapezoid_mask
-from stanvi.families.lowrank_start import reverse_kl_params
+from stanvi.families.lowrank_start import gaussian_deficit, reverse_kl_params
 from stanvi.families.protocol import GaussianDefaults
 
 LOG_2PI = math.log(2.0 * math.pi)
@@ -183,6 +183,13 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         ok = np.isfinite(diag) & (diag > 0)
         omega = np.where(ok, -0.5 * np.log(np.where(ok, diag, 1.0)), float(log_scale0))
         return self.pack(mu, omega, self.initial_factor(float(np.median(omega))))
+
+    def laplace_deficit(self, params: np.ndarray, precision: np.ndarray) -> float | None:
+        """KL(q ‖ N(μ, Λ⁻¹)) of the Laplace start λ = ``params`` (its mean the mode): the ELBO
+        its low-rank compression of the Laplace Gaussian gives up
+        (:func:`stanvi.families.lowrank_start.gaussian_deficit`); the second-start check
+        discounts it from the fit's climb (docs/algorithms.md#second-start)."""
+        return gaussian_deficit(self, params, precision)
 
     @property
     def dense_precision_max_dim(self) -> int:

@@ -46,6 +46,24 @@ def _objective(x: np.ndarray, H: np.ndarray, diagH: np.ndarray, D: int, k: int,
     return f, np.concatenate([g_omega, g_B])
 
 
+def gaussian_deficit(family, params: np.ndarray, precision: np.ndarray) -> float | None:
+    """KL(q ‖ N(μ, H⁻¹)) for the family member λ = ``params`` centred at μ (the Laplace start,
+    whose mean is the mode): f(ω, B) − ½(D + log det H) with f of the module docstring, the
+    ELBO that q gives up against the Laplace Gaussian on a posterior equal to it (what a fit
+    from q can climb without the posterior being non-Gaussian; docs/algorithms.md#second-start).
+    None where H is not positive definite."""
+    D, k = family.dim, family.rank
+    H = 0.5 * (np.asarray(precision, dtype=float) + np.asarray(precision, dtype=float).T)
+    try:
+        log_det_h = 2.0 * float(np.sum(np.log(np.diagonal(np.linalg.cholesky(H)))))
+    except np.linalg.LinAlgError:
+        return None
+    f, _ = _objective(np.asarray(params, dtype=float)[D:], H, np.diagonal(H).copy(), D, k,
+                      trapezoid_mask(D, k))
+    deficit = f - 0.5 * (D + log_det_h)
+    return float(max(deficit, 0.0)) if np.isfinite(deficit) else None
+
+
 def reverse_kl_params(family, mu: np.ndarray, precision: np.ndarray,
                       start: np.ndarray) -> np.ndarray:
     """λ of the family member nearest N(μ, H⁻¹) in KL(q ‖ ·) (module docstring), by L-BFGS from

@@ -94,9 +94,11 @@ def lbfgs_paths(target, ledger: OracleLedger, inits: list, *, max_iters: int,
 
 
 def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
-              log_scale0: float) -> tuple[np.ndarray | None, str]:
+              log_scale0: float, info: dict | None = None) -> tuple[np.ndarray | None, str]:
     """Steps 2–3 of the module docstring at the mode ``z_star``: (q₀'s parameters, '') or
-    (None, the reason there is none)."""
+    (None, the reason there is none).  A family that compresses the Laplace Gaussian (one with
+    ``laplace_deficit``: the low-rank family) records in ``info["laplace_deficit"]`` the ELBO
+    q₀ gives up against it (docs/algorithms.md#second-start)."""
     dim = family.dim
     if not np.all(np.isfinite(z_star)):
         return None, "L-BFGS ended at a non-finite point"
@@ -110,7 +112,11 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     if res.hvp is None or not np.all(res.ok) or not np.all(np.isfinite(res.hvp)):
         return None, "the Hessian at the mode is not finite"
     precision = -0.5 * (res.hvp + res.hvp.T)
-    return family.params_from_precision(z_star, precision, log_scale0), ""
+    params = family.params_from_precision(z_star, precision, log_scale0)
+    deficit = getattr(family, "laplace_deficit", None)
+    if info is not None and deficit is not None:
+        info["laplace_deficit"] = deficit(params, precision)
+    return params, ""
 
 
 def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarray, *,
@@ -137,7 +143,7 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
         return default_params, {**info, "warm_start": "default",
                                 "warm_start_reason": "L-BFGS ended at a non-finite point"}
     laplace, reason = laplace_q(target, family, np.asarray(opt.x, dtype=float), ledger,
-                                log_scale0)
+                                log_scale0, info)
     if laplace is None:
         return default_params, {**info, "warm_start": "default", "warm_start_reason": reason}
     eps = standard_normal(key, n_compare, family.base_dim)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stanvi.families.lowrank import LowRank
-from stanvi.families.lowrank_start import _objective, reverse_kl_params
+from stanvi.families.lowrank_start import _objective, gaussian_deficit, reverse_kl_params
 
 
 def _kl_part(fam: LowRank, params: np.ndarray, H: np.ndarray) -> float:
@@ -59,3 +59,25 @@ def test_the_option_is_checked_and_saved():
     assert LowRank(4, 2).family_options() == {"rank": 2}
     assert LowRank(4, 2, laplace_fit="reverse_kl").family_options() == {
         "rank": 2, "laplace_fit": "reverse_kl"}
+
+
+def test_the_deficit_is_the_kl_to_the_laplace_gaussian():
+    """gaussian_deficit(λ, H) = KL(q ‖ N(m, H⁻¹)) = ½(tr(HΣ) − D − log det(HΣ)) against the dense
+    formula; 0 for a Gaussian in the family (the reverse-KL fit recovers it), None for an
+    indefinite H."""
+    rng = np.random.default_rng(4)
+    D, k = 8, 2
+    fam = LowRank(D, k)
+    A = rng.normal(size=(D, D))
+    H = A @ A.T + np.eye(D)
+    params = fam.params_from_precision(np.zeros(D), H, 0.0)
+    S = fam.covariance(params)
+    dense = 0.5 * (np.trace(H @ S) - D - np.linalg.slogdet(H @ S)[1])
+    assert dense > 0.1
+    assert gaussian_deficit(fam, params, H) == pytest.approx(dense, rel=1e-10)
+    assert fam.laplace_deficit(params, H) == gaussian_deficit(fam, params, H)
+    lam, psi = rng.normal(size=(D, k)), rng.uniform(0.5, 1.0, D)
+    inside = np.linalg.inv(np.diag(psi) + lam @ lam.T)
+    exact = LowRank(D, k, laplace_fit="reverse_kl").params_from_precision(np.zeros(D), inside, 0.0)
+    assert gaussian_deficit(fam, exact, inside) < 1e-8
+    assert gaussian_deficit(fam, params, -H) is None
