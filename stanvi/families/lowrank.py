@@ -27,7 +27,7 @@ the ELBO in B (the gradient there, E[g ε₂ᵀ] + Σ⁻¹B, is zero).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import jax
@@ -62,10 +62,11 @@ class LowRank(LowRankHostMath, GaussianDefaults):
     dim: int
     rank: int | None = None
     name: str = "lowrank"
-    #: how the Laplace start fits the family to N(mode, H⁻¹): "ppca" (probabilistic PCA of H⁻¹,
-    #: :meth:`params_from_covariance`) or "reverse_kl" (the member nearest it in KL(q ‖ ·),
-    #: :mod:`stanvi.families.lowrank_start`; docs/algorithms.md#lowrank-start)
-    laplace_fit: str = "ppca"
+    #: how the Laplace start fits the family to N(mode, H⁻¹): "reverse_kl" (default: the member
+    #: nearest it in KL(q ‖ ·), :mod:`stanvi.families.lowrank_start`, with the PPCA start as
+    #: TrustVI's fallback when its run ends uncertified) or "ppca" (probabilistic PCA of H⁻¹,
+    #: :meth:`params_from_covariance`, alone); docs/algorithms.md#lowrank-start
+    laplace_fit: str = "reverse_kl"
     # poor trust-region steps here come from (d, B)'s non-concave, nearly flat directions (at
     # rank ~D/2 the family has as many parameters as full rank), which HVPs do not cure and
     # pay for with n·k model evaluations per product (docs/algorithms.md#lowrank)
@@ -108,7 +109,7 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         """``{"rank": k}`` (and ``laplace_fit`` when not the default): a saved fit rebuilds the
         same family."""
         return {"rank": self.rank, **({"laplace_fit": self.laplace_fit}
-                                      if self.laplace_fit != "ppca" else {})}
+                                      if self.laplace_fit != "reverse_kl" else {})}
 
     def log_g_offset(self, params) -> float:
         """D/2 log 2π: Stan's ``log_g__`` as log q without the N(0, I) constant (the map
@@ -190,6 +191,17 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         (:func:`stanvi.families.lowrank_start.gaussian_deficit`); the second-start check
         discounts it from the fit's climb (docs/algorithms.md#second-start)."""
         return gaussian_deficit(self, params, precision)
+
+    def fallback_laplace_params(self, mu: np.ndarray, precision: np.ndarray,
+                                log_scale0: float) -> np.ndarray | None:
+        """The PPCA Laplace start when this family's start is the reverse-KL fit, else None:
+        TrustVI runs from it when the run from the reverse-KL start ends uncertified, at a
+        stationary point of the non-concave (ω, B) landscape below the one the PPCA start
+        reaches (docs/algorithms.md#lowrank-start)."""
+        if self.laplace_fit != "reverse_kl":
+            return None
+        return replace(self, laplace_fit="ppca").params_from_precision(mu, precision,
+                                                                       log_scale0)
 
     @property
     def dense_precision_max_dim(self) -> int:

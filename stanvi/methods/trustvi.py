@@ -70,7 +70,7 @@ from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, stan
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
 from stanvi.methods.checks import divergence, honest_outcome
-from stanvi.methods.trustvi_second_start import run_fixed
+from stanvi.methods.trustvi_second_start import run_fixed, run_from_fallback
 from stanvi.methods.refine import refine_after_stop
 from stanvi.methods.trustvi_options import Options
 # the method registry (stanvi.methods.make_options) reads a method module's profiles
@@ -336,12 +336,14 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     ledger = OracleLedger()
     start_info: dict = {}
     alternatives: list = []   # the start the warm start did not choose (second-start check)
+    fallbacks: list = []      # the low-rank reverse-KL start's PPCA fallback (run_from_fallback)
     if o.warm_start == "laplace" and target is None:
         start_info = {"warm_start": "default", "warm_start_reason": "no target to search"}
     elif o.warm_start == "laplace":
         params, start_info = laplace_start(target, family, est, mu0, params,
                                            key=purpose_key(key, 0, "init"), ledger=ledger,
-                                           log_scale0=o.log_scale0, alternatives=alternatives)
+                                           log_scale0=o.log_scale0, alternatives=alternatives,
+                                           fallbacks=fallbacks if o.sample == "fixed" else None)
     trace = Trace(compile_clock=compile_clock(est), start=clock_start)
     trace.record(0, params, ledger, delta=o.delta0)
     counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0, "rejected_failure": 0}
@@ -356,10 +358,13 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         # of that much is the family's, not the posterior's departure from a Gaussian
         deficit = (start_info.get("laplace_deficit")
                    if start_info.get("warm_start") == "laplace" else None)
-        status, message, params, info = run_fixed(o, est, family, key, ledger, trace, params,
-                                                  alternatives, context, counts, start_elbo,
-                                                  target, basin_centres=modes,
-                                                  start_deficit=deficit or 0.0)
+        result = run_fixed(o, est, family, key, ledger, trace, params, alternatives, context,
+                           counts, start_elbo, target, basin_centres=modes,
+                           start_deficit=deficit or 0.0)
+        if fallbacks and result[0] == "max_iters":
+            result = run_from_fallback(result, fallbacks[0], o, est, family, key, ledger, trace,
+                                       alternatives, context, counts, target, modes)
+        status, message, params, info = result
         info = {**counts, **start_info, **info}
         status, message = honest_outcome(target, family, params, key, status, message, counts,
                                          info, ledger)

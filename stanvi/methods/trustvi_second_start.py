@@ -48,7 +48,8 @@ from stanvi.estimators.keys import uniform
 from stanvi.methods import trustvi_fixed
 from stanvi.methods.base import OracleLedger, RunContext, Trace, iterate, purpose_key
 from stanvi.methods.trustvi_options import Options
-from stanvi.methods.warm_start import laplace_q, lbfgs_paths, mean_elbo, near
+from stanvi.methods.warm_start import (LAPLACE_COMPARE_DRAWS, laplace_q, lbfgs_paths,
+                                      mean_elbo, near)
 from stanvi.optim.lbfgsb import STOPPED
 
 #: Common fresh draws on which the two starts' ELBOs are compared.
@@ -71,8 +72,8 @@ INIT_ATTEMPTS = 100
 def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
               params: np.ndarray, alternatives: list, context: RunContext,
               counts: dict | None = None, start_elbo: float | None = None, target=None,
-              basin_centres: list | None = None, start_deficit: float = 0.0
-              ) -> tuple[str, str, np.ndarray, dict]:
+              basin_centres: list | None = None, start_deficit: float = 0.0,
+              k0: int = 0) -> tuple[str, str, np.ndarray, dict]:
     """The fixed-sample iterations, their certification and the second-start checks, on the
     shared loop; returns (status, message, params, info).  ``counts`` (accepted and rejected
     steps, as :func:`stanvi.methods.checks.honest_outcome` reads them) is updated;
@@ -81,13 +82,15 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
     points besides λ₁'s mean whose neighbourhood is λ₁'s basin (the warm start's mode);
     ``start_deficit``: the ELBO the start gives up against the Laplace Gaussian by its family's
     form (the low-rank family's KL(q₀ ‖ N(mode, H⁻¹))), discounted from the climb (module
-    docstring)."""
+    docstring); ``k0``: the trace's last iteration (a run after another: its own budget of
+    ``max_iters`` iterations)."""
     info: dict = {}
     if counts is None:
         counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0,
                   "rejected_failure": 0}
     setup = trustvi_fixed.FixedSetup(o, est, family, key, ledger, info, counts)
-    status, message, first, first_elbo, k = _certified_run(setup, params, 0, trace, context)
+    status, message, first, first_elbo, k = _certified_run(setup, params, k0, trace, context,
+                                                           max_iters=o.max_iters)
     if status != "converged" or not o.second_start_iters:
         return status, message, first, info
     candidate, where = None, ""
@@ -210,18 +213,20 @@ def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
     return None, -1
 
 
-def _certified_run(setup, params: np.ndarray, k0: int, trace: Trace, context: RunContext
-                   ) -> tuple[str, str, np.ndarray, float, int]:
-    """One fixed-sample run with certification from ``params``: (status, message, final
-    parameters, the final fixed-sample ELBO, last iteration)."""
+def _certified_run(setup, params: np.ndarray, k0: int, trace: Trace, context: RunContext,
+                   max_iters: int | None = None) -> tuple[str, str, np.ndarray, float, int]:
+    """One fixed-sample run with certification from ``params``, its iterations numbered from
+    ``k0`` + 1, at most ``max_iters`` of them (default: what is left of the option's):
+    (status, message, final parameters, the final fixed-sample ELBO, last iteration)."""
     o = setup.o
     try:
         state = trustvi_fixed.start(setup, params)
     except GradientFailure as exc:
         return ("failed", f"failed_gradient: the first fixed sample: {exc}", params, -np.inf,
                 k0)
+    budget = max(1, o.max_iters - k0) if max_iters is None else max_iters
     state, k, status, message = iterate(partial(trustvi_fixed.step, setup), state,
-                                        max_iters=max(1, o.max_iters - k0), trace=trace,
+                                        max_iters=budget, trace=trace,
                                         ledger=setup.ledger, context=context, start=k0)
     setup.info.update(iterations=k, final_delta=state.delta,
                       fixed_draws=int(state.eps.shape[0]))
@@ -262,3 +267,41 @@ def _paired_gap(est, family, a: np.ndarray, b: np.ndarray, key,
     if not np.all(np.isfinite(diff)):
         return -np.inf, 0.0
     return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(len(diff)))
+
+
+def run_from_fallback(first: tuple[str, str, np.ndarray, dict], fallback: tuple,
+                      o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
+                      alternatives: list, context: RunContext, counts: dict, target=None,
+                      basin_centres: list | None = None) -> tuple[str, str, np.ndarray, dict]:
+    """After a run from the low-rank family's reverse-KL Laplace start that ended uncertified
+    (``first``, :func:`run_fixed`'s result, status 'max_iters'), the same run from its PPCA
+    start (``fallback``: λ and its deficit, from
+    :func:`stanvi.methods.warm_start.laplace_start`; its start ELBO estimated on the warm
+    start's draws, charged here, where it is needed): the reverse-KL start is nearer the
+    optimum on near-Gaussian posteriors but can lead the non-concave (ω, B) landscape to a
+    stationary point below the one the PPCA start reaches (docs/algorithms.md#lowrank-start).
+    The result with the higher ELBO on ``COMPARE_DRAWS`` common draws is kept, the certified
+    one when they are within two standard errors; one trace row records the choice."""
+    status1, message1, params1, info1 = first
+    start, deficit = np.asarray(fallback[0], dtype=float), fallback[1]
+    eps = standard_normal(purpose_key(key, 0, "init"), LAPLACE_COMPARE_DRAWS, family.base_dim)
+    start_elbo = mean_elbo(est, start, eps)
+    ledger.elbo_estimate(LAPLACE_COMPARE_DRAWS)
+    k0 = int(trace.rows[-1]["iteration"]) if trace.rows else 0
+    status2, message2, params2, info2 = run_fixed(
+        o, est, family, key, ledger, trace, start, alternatives,
+        context, counts, start_elbo, target, basin_centres=basin_centres,
+        start_deficit=deficit or 0.0, k0=k0)
+    gap, se = _paired_gap(est, family, params2, params1, key, ledger)
+    second = gap > 0.0 or (status2 == "converged" and gap > -2.0 * se)
+    trace.record(int(trace.rows[-1]["iteration"]) + 1, params2 if second else params1, ledger,
+                 phase="laplace_fallback", accepted=bool(second),
+                 fallback_gap=gap if np.isfinite(gap) else None)
+    record = {"laplace_fallback_used": bool(second), "laplace_fallback_gap": gap,
+              "laplace_fallback_first": message1}
+    if second:
+        return status2, (f"{message2} (from the PPCA Laplace start, {gap:.3g} ± {se:.2g} nats "
+                         f"above the run from the reverse-KL start, which ended: {message1})"
+                         ), params2, {**info2, **record}
+    return status1, (f"{message1}; a run from the PPCA Laplace start ended {-gap:.3g} ± "
+                     f"{se:.2g} nats lower ({message2})"), params1, {**info1, **record}

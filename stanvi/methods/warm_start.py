@@ -33,6 +33,9 @@ from stanvi.estimators.elbo import mean_of_valid, standard_normal
 from stanvi.methods.base import OracleLedger
 from stanvi.optim.lbfgsb import minimize_lbfgsb_lockstep
 
+#: Common draws on which the Laplace start's ELBO is compared with the method's own start.
+LAPLACE_COMPARE_DRAWS = 64
+
 
 def mean_elbo(est, params: np.ndarray, eps: np.ndarray) -> float:
     """The ELBO estimate on ``eps``; −inf if more than 10% of the draws fail (the failing ones
@@ -94,11 +97,15 @@ def lbfgs_paths(target, ledger: OracleLedger, inits: list, *, max_iters: int,
 
 
 def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
-              log_scale0: float, info: dict | None = None) -> tuple[np.ndarray | None, str]:
+              log_scale0: float, info: dict | None = None,
+              fallback: bool = False) -> tuple[np.ndarray | None, str]:
     """Steps 2–3 of the module docstring at the mode ``z_star``: (q₀'s parameters, '') or
     (None, the reason there is none).  A family that compresses the Laplace Gaussian (one with
     ``laplace_deficit``: the low-rank family) records in ``info["laplace_deficit"]`` the ELBO
-    q₀ gives up against it (docs/algorithms.md#second-start)."""
+    q₀ gives up against it (docs/algorithms.md#second-start); with ``fallback``, one with a
+    fallback start (``fallback_laplace_params``: the low-rank family's reverse-KL start) records
+    that start and its deficit in ``info["laplace_fallback"]``
+    (docs/algorithms.md#lowrank-start)."""
     dim = family.dim
     if not np.all(np.isfinite(z_star)):
         return None, "L-BFGS ended at a non-finite point"
@@ -116,18 +123,27 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     deficit = getattr(family, "laplace_deficit", None)
     if info is not None and deficit is not None:
         info["laplace_deficit"] = deficit(params, precision)
+    fallback_params = getattr(family, "fallback_laplace_params", None)
+    other = (fallback_params(z_star, precision, log_scale0)
+             if fallback and fallback_params is not None and info is not None else None)
+    if other is not None and np.all(np.isfinite(other)):
+        info["laplace_fallback"] = (other, deficit(other, precision) if deficit else None)
     return params, ""
 
 
 def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarray, *,
                   key: jax.Array, ledger: OracleLedger, log_scale0: float,
-                  max_iters: int = 1000, n_compare: int = 64,
-                  alternatives: list | None = None) -> tuple[np.ndarray, dict]:
+                  max_iters: int = 1000, n_compare: int = LAPLACE_COMPARE_DRAWS,
+                  alternatives: list | None = None,
+                  fallbacks: list | None = None) -> tuple[np.ndarray, dict]:
     """The initial variational parameters: the Laplace start when its ELBO estimate beats
     ``default_params``' on common draws, else ``default_params`` (module docstring).  Returns
     the parameters and a record (``warm_start``: 'laplace' or 'default', with the reason).
     The candidate not chosen, when there was one, is appended to ``alternatives`` (a second,
-    independent start: :mod:`stanvi.methods.trustvi_second_start`)."""
+    independent start: :mod:`stanvi.methods.trustvi_second_start`).  When the Laplace start is
+    chosen and its family has a fallback start (:func:`laplace_q`), (its λ, its deficit) is
+    appended to ``fallbacks`` when given (TrustVI's
+    :func:`stanvi.methods.trustvi_second_start.run_from_fallback`)."""
     if alternatives is None:
         alternatives = []
     info: dict = {}
@@ -143,7 +159,7 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
         return default_params, {**info, "warm_start": "default",
                                 "warm_start_reason": "L-BFGS ended at a non-finite point"}
     laplace, reason = laplace_q(target, family, np.asarray(opt.x, dtype=float), ledger,
-                                log_scale0, info)
+                                log_scale0, info, fallback=fallbacks is not None)
     if laplace is None:
         return default_params, {**info, "warm_start": "default", "warm_start_reason": reason}
     eps = standard_normal(key, n_compare, family.base_dim)
@@ -151,8 +167,11 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
     elbo_default = mean_elbo(est, default_params, eps)
     ledger.elbo_estimate(2 * n_compare)
     info.update(laplace_elbo=elbo_laplace, default_elbo=elbo_default)
+    fallback = info.pop("laplace_fallback", None)
     if elbo_laplace > elbo_default:
         alternatives.append(default_params)
+        if fallback is not None and fallbacks is not None:
+            fallbacks.append(fallback)
         return laplace, {**info, "warm_start": "laplace"}
     alternatives.append(laplace)
     return default_params, {**info, "warm_start": "default",

@@ -125,7 +125,7 @@ def test_host_math_matches_jax_autodiff():
 
 
 def test_params_from_precision_is_diagonal_plus_low_rank_and_keeps_marginals():
-    fam = LowRank(8, 2)
+    fam = LowRank(8, 2, laplace_fit="ppca")   # the PPCA start keeps H⁻¹'s marginals
     rng = np.random.default_rng(7)
     C = rng.normal(size=(8, 2))
     S = np.diag(np.exp(rng.uniform(-1, 1, 8))) + C @ C.T
