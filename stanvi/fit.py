@@ -57,8 +57,9 @@ def fit(model: ModelLike, data=None, *, method: str = "trustvi", family: str = "
             the others refuse it with the reason).
         family_options: the family's settings, e.g. for 'mixture' ``{"n_components": 3,
             "component_budget": 2}`` (:class:`stanvi.families.GaussianMixture`), for 'lowrank'
-            ``{"rank": 5}`` (default min(10, max(1, D // 2)); ``"laplace_fit": "reverse_kl"``
-            for the opt-in reverse-KL Laplace start, docs/algorithms.md#lowrank-start;
+            ``{"rank": 5}`` (default min(10, max(1, D // 2)); ``"laplace_fit": "ppca"`` for
+            the PPCA Laplace start alone instead of the reverse-KL start with its PPCA
+            fallback, docs/algorithms.md#lowrank-start;
             :class:`stanvi.families.LowRank`).
         seed: integer seed from 0 to 2**32 - 1 (default 0); the same seed gives the same
             result.

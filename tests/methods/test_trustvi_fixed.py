@@ -19,7 +19,7 @@ from stanvi.families import FullRank, MeanField
 from stanvi.methods.base import OracleLedger, RunContext, Trace
 from stanvi.methods.trustvi_fixed import certify_tolerance, stage_iteration_limit
 from stanvi.methods.trustvi_options import PROFILES, Options
-from stanvi.methods.trustvi_second_start import run_fixed
+from stanvi.methods.trustvi_second_start import run_fixed, run_from_fallback
 from stanvi.progress import IterationProgress
 from stanvi.targets import JaxTarget
 from gaussian_targets import make_problem
@@ -234,3 +234,51 @@ def test_a_low_rank_start_s_deficit_does_not_trigger_the_exploratory_run():
     assert fit.info["laplace_deficit"] > DEFAULT.second_start_trigger + 5.0
     assert abs(fit.info["second_start_climb"]) < DEFAULT.second_start_trigger
     assert "second_start_iterations" not in fit.info
+
+
+def _fallback_run(first_at: float, fallback_at: float):
+    """run_from_fallback on the bimodal target: a first run that ended uncertified at
+    ``first_at`` and a fallback start at ``fallback_at`` (mean-field, sd 0.5; the second-start
+    checks off, so that each run stays in its basin)."""
+    target = _bimodal()
+    family = MeanField(1)
+    est = ElboEstimator(family, target.jax_log_density)
+    ledger = OracleLedger()
+    context = RunContext(init_mu=None, random_init_mu=np.array([0.0]), max_oracle_calls=None,
+                         estimator=est, progress=IterationProgress("trustvi", enabled=False))
+    trace = Trace()
+    first = np.array([first_at, math.log(0.5)])
+    trace.record(0, first, ledger)
+    trace.record(7, first, ledger, phase="fixed")
+    options = dataclasses.replace(DEFAULT, second_start_iters=0)
+    counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0, "rejected_failure": 0}
+    result = run_from_fallback(("max_iters", "stuck", first, {"iterations": 7}),
+                               (np.array([fallback_at, math.log(0.5)]), None), options, est,
+                               family, make_key(0, host=False), ledger, trace, [], context,
+                               counts)
+    return (*result, trace)
+
+
+def test_the_fallback_start_s_run_is_kept_when_higher():
+    """The low-rank family's PPCA fallback (docs/algorithms.md#lowrank-start), on a stand-in:
+    the first run ended uncertified in the lower mode; the run from the fallback start certifies
+    the higher one, log 9 ≈ 2.2 nats above on common draws, and is the result, its iterations
+    numbered after the first run's and one trace row recording the choice at the result."""
+    status, message, params, info, trace = _fallback_run(-3.0, 3.0)
+    assert status == "converged" and abs(params[0] - 3.0) < 0.05
+    assert info["laplace_fallback_used"] and info["laplace_fallback_first"] == "stuck"
+    assert info["laplace_fallback_gap"] == pytest.approx(math.log(9), abs=0.3)
+    assert "from the PPCA Laplace start" in message and "stuck" in message
+    iterations = [row["iteration"] for row in trace.rows]
+    assert iterations == sorted(set(iterations)) and iterations[2] == 8
+    assert trace.rows[-1]["phase"] == "laplace_fallback"
+    np.testing.assert_array_equal(trace.params_at(len(trace.rows) - 1), params)
+
+
+def test_the_first_run_is_kept_when_the_fallback_ends_lower():
+    status, message, params, info, trace = _fallback_run(3.0, -3.0)
+    assert status == "max_iters" and params[0] == 3.0
+    assert not info["laplace_fallback_used"]
+    assert info["laplace_fallback_gap"] == pytest.approx(-math.log(9), abs=0.3)
+    assert message.startswith("stuck; a run from the PPCA Laplace start ended")
+    assert trace.rows[-1]["phase"] == "laplace_fallback" and not trace.rows[-1]["accepted"]
