@@ -19,8 +19,11 @@ import numpy as np
 
 from stanvi.families.lowrank_host import trapezoid_mask
 
-#: L-BFGS iterations of the reverse-KL fit (cheap: no model evaluation).
-MAX_ITERS = 500
+#: L-BFGS iterations of the reverse-KL fit (no model evaluation, but O(D²k) each and SciPy's
+#: L-BFGS-B costs ~0.1 µs per variable per iteration: at D = 500, k = 10 a fit of 500 iterations
+#: took 11 s on the 2-core machine under load, 200 took 4 s and ended within 0.004 nats of it;
+#: at D = 20 and 100, within 0.0001 and 0.003)
+MAX_ITERS = 200
 
 
 def _objective(x: np.ndarray, H: np.ndarray, diagH: np.ndarray, D: int, k: int,
