@@ -19,11 +19,13 @@ import numpy as np
 
 from stanvi.families.lowrank_host import trapezoid_mask
 
-#: L-BFGS iterations of the reverse-KL fit (no model evaluation, but O(D²k) each and SciPy's
-#: L-BFGS-B costs ~0.1 µs per variable per iteration: at D = 500, k = 10 a fit of 500 iterations
-#: took 11 s on the 2-core machine under load, 200 took 4 s and ended within 0.004 nats of it;
-#: at D = 20 and 100, within 0.0001 and 0.003)
-MAX_ITERS = 200
+#: L-BFGS iterations of the reverse-KL fit (no model evaluation, but O(D²k) each, and SciPy's
+#: L-BFGS-B adds ~0.1 µs per variable per iteration: at D = 500, k = 10, 11 s on the loaded
+#: 2-core machine).  Fewer cost model evaluations: with 200 the start ends 0.0001–0.004 nats
+#: short of this one, and TrustVI's certification, whose tolerance is of that order, spends
+#: more trust-region iterations (posteriordb: median evaluations 1,435 against 500's
+#: docs/benchmarks.md#lowrank-deficit figure; nes1996 975 against 655)
+MAX_ITERS = 500
 
 
 def _objective(x: np.ndarray, H: np.ndarray, diagH: np.ndarray, D: int, k: int,
