@@ -20,12 +20,13 @@ import numpy as np
 from stanvi.families.lowrank_host import trapezoid_mask
 
 #: L-BFGS iterations of the reverse-KL fit (no model evaluation, but O(D²k) each, and SciPy's
-#: L-BFGS-B adds ~0.1 µs per variable per iteration: at D = 500, k = 10, 11 s on the loaded
-#: 2-core machine).  Fewer cost model evaluations: with 200 the start ends 0.0001–0.004 nats
-#: short of this one, and TrustVI's certification, whose tolerance is of that order, spends
-#: more trust-region iterations (posteriordb: median evaluations 1,435 against 500's
-#: docs/benchmarks.md#lowrank-deficit figure; nes1996 975 against 655)
-MAX_ITERS = 500
+#: L-BFGS-B adds ~0.1 µs per variable per iteration: at D = 500, k = 10, 500 iterations took
+#: 11 s on the loaded 2-core machine, 200 took 4 s and ended within 0.004 nats of them).  The
+#: trust-region run after it is chaotic in the start (the ELBO is not concave in (ω, B)): on
+#: posteriordb 500 made the nes regressions cheaper (nes1996 655 evaluations against 975) and
+#: kidiq_with_mom_work's dearer (interaction_c2 9,345 against 1,010); the median evaluations
+#: were 1,435 with 200 and 1,778 with 500 (docs/benchmarks.md#lowrank-deficit)
+MAX_ITERS = 200
 
 
 def _objective(x: np.ndarray, H: np.ndarray, diagH: np.ndarray, D: int, k: int,
