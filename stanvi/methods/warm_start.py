@@ -103,9 +103,9 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     (None, the reason there is none).  A family that compresses the Laplace Gaussian (one with
     ``laplace_deficit``: the low-rank family) records in ``info["laplace_deficit"]`` the ELBO
     q₀ gives up against it (docs/algorithms.md#second-start); with ``fallback``, one with a
-    fallback start (``fallback_laplace_params``: the low-rank family's reverse-KL start) records
-    that start and its deficit in ``info["laplace_fallback"]``
-    (docs/algorithms.md#lowrank-start)."""
+    fallback start (``fallback_laplace_params``: the low-rank family's PPCA start behind its
+    reverse-KL one) records that start, when it differs from q₀, and its deficit in
+    ``info["laplace_fallback"]`` (docs/algorithms.md#lowrank-start)."""
     dim = family.dim
     if not np.all(np.isfinite(z_star)):
         return None, "L-BFGS ended at a non-finite point"
@@ -126,7 +126,7 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     fallback_params = getattr(family, "fallback_laplace_params", None)
     other = (fallback_params(z_star, precision, log_scale0)
              if fallback and fallback_params is not None and info is not None else None)
-    if other is not None and np.all(np.isfinite(other)):
+    if other is not None and np.all(np.isfinite(other)) and not np.array_equal(other, params):
         info["laplace_fallback"] = (other, deficit(other, precision) if deficit else None)
     return params, ""
 
