@@ -50,6 +50,24 @@ def test_targets_are_medians_over_posteriors_of_medians_over_seeds(tmp_path):
     assert figures["w1_vs_pathfinder"] == pytest.approx(1.25)
     # evaluations: 3000 against mean-field's median 2000 -> 1.5; within 2x on b and c only
     assert figures["evaluations_vs_meanfield"] == pytest.approx(1.5)
+    # per posterior: 3000/1000, 3000/2000, 3000/4000 -> the median 1.5 (a, b, c: 3, 1.5, 0.75)
+    assert figures["evaluations_vs_meanfield_per_posterior"] == pytest.approx(1.5)
     assert figures["posteriors_within_2x_meanfield_evaluations"] == 2
     assert figures["posteriors_within_1.5x_fullrank_w1"] == 3
     assert figures["posteriors_below_pathfinder_w1"] == 1   # a only (0.05 <= 0.08)
+
+
+def test_the_two_readings_of_the_evaluations_target_differ():
+    """The ratio of the medians (the target as the bench reads it) and the median of each
+    posterior's own ratio, on posteriors where they differ: low rank 1,000, 1,200, 5,000
+    against mean-field 100, 1,000, 4,000 -> 1,200 / 1,000 = 1.2, and the median of 10, 1.2,
+    1.25 = 1.25."""
+    records = []
+    for p, lr, mf in (("a", 1000, 100), ("b", 1200, 1000), ("c", 5000, 4000)):
+        records.append(_rec(p, "trustvi", "lowrank", 0, 0.05, 0.01, lr))
+        records.append(_rec(p, "trustvi", "meanfield", 0, 0.5, 0.01, mf))
+    figures = lp.targets(lp.per_posterior(records))
+    assert figures["evaluations_vs_meanfield"] == pytest.approx(1.2)
+    assert figures["evaluations_vs_meanfield_per_posterior"] == pytest.approx(1.25)
+    assert "the median of the posteriors' own ratios: 1.25" in lp.report_text(
+        lp.per_posterior(records), figures)
