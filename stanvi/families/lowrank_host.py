@@ -63,18 +63,26 @@ class LowRankHostMath:
         return p[:D], np.exp(p[D:2 * D]), p[2 * D:].reshape(D, k) * trapezoid_mask(D, k)
 
     def _core(self, d: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(W = B/d, C⁻¹ (k, k), the Cholesky factor of C = I + WᵀW); NaN factors where C is not
-        finite (a trial step whose d underflows or whose B overflows: C = I + WᵀW is positive
-        definite in exact arithmetic), so that the step is rejected rather than raised."""
+        """(W = B/d, C⁻¹ (k, k), the Cholesky factor L of C = I + WᵀW); NaN factors where W is
+        not finite (a trial step whose d underflows or whose B overflows), so that the step is
+        rejected rather than raised.
+
+        L is Rᵀ from the QR factorization of M = [I_k; W] (MᵀM = C), its diagonal made
+        positive, not the Cholesky factor of C formed as I + WᵀW: forming WᵀW squares W's
+        condition, and where d spans many orders of magnitude (a collapsed d_i ~ 1e-17 beside
+        one ~ 1e-8) the smaller rows' part of C falls below C's rounding, so log det C and the
+        solves with C came out wrong by nats (posteriordb's kidscore_interaction: an ELBO 8 nats
+        above the full-rank optimum; tests/families/test_lowrank.py).  Householder QR is
+        backward stable column by column: O((D + k) k²), as forming C was."""
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             W = B / d[:, None]
-            C = np.eye(self.rank) + W.T @ W
         nan = np.full((self.rank, self.rank), np.nan)
-        if not np.all(np.isfinite(C)):
+        if not np.all(np.isfinite(W)):
             return W, nan, nan
-        try:
-            chol = np.linalg.cholesky(C)
-        except np.linalg.LinAlgError:   # finite but so large that rounding broke definiteness
+        R = np.linalg.qr(np.vstack([np.eye(self.rank), W]), mode="r")
+        sign = np.where(np.diagonal(R) < 0.0, -1.0, 1.0)
+        chol = (R * sign[:, None]).T
+        if not (np.all(np.isfinite(chol)) and np.all(np.diagonal(chol) > 0.0)):
             return W, nan, nan
         ci = np.linalg.solve(chol.T, np.linalg.solve(chol, np.eye(self.rank)))
         return W, 0.5 * (ci + ci.T), chol
