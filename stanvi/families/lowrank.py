@@ -228,9 +228,14 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         return mu + jnp.exp(omega) * eps[:, : self.dim] + eps[:, self.dim:] @ B.T
 
     def _chol_core(self, omega: jax.Array, B: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """(W = e^{−ω} ⊙ B, the Cholesky factor of C = I + WᵀW)."""
+        """(W = e^{−ω} ⊙ B, the Cholesky factor L of C = I + WᵀW), L = Rᵀ from the QR
+        factorization of [I_k; W] with R's diagonal made positive, not the Cholesky factor of
+        C formed explicitly (which loses the smaller rows of W below C's rounding where d spans
+        many orders of magnitude: the host path's :meth:`_core` says more)."""
         W = B * jnp.exp(-omega)[:, None]
-        return W, jnp.linalg.cholesky(jnp.eye(self.rank) + W.T @ W)
+        R = jnp.linalg.qr(jnp.concatenate([jnp.eye(self.rank), W]), mode="r")
+        sign = jnp.where(jnp.diagonal(R) < 0.0, -1.0, 1.0)
+        return W, (R * sign[:, None]).T
 
     def entropy(self, params: jax.Array) -> jax.Array:
         """H(q) = D/2 (1 + log 2π) + Σ ω + ½ log det(I_k + WᵀW) (docs/algorithms.md#lowrank)."""

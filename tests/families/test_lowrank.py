@@ -316,7 +316,8 @@ def test_entropy_and_log_q_stay_exact_when_diagonal_scales_collapse_at_different
     """Two collapsed d_i at different scales (8e-18 and 2.2e-8, rank 2): C = I + WᵀW formed
     explicitly loses the smaller row's part below its rounding (a Cholesky failure here, a
     finite log det off by 8 nats on posteriordb's kidscore_interaction), so the factor comes
-    from the QR factorization of [I; W]; entropy and log q against the dense formulas."""
+    from the QR factorization of [I; W]; entropy (host and JAX) and log q against the dense
+    formulas."""
     fam = LowRank(5, 2)
     rng = np.random.default_rng(0)
     d = np.array([0.86, 8e-18, 2.2e-8, 0.0093, 0.034])
@@ -326,6 +327,8 @@ def test_entropy_and_log_q_stay_exact_when_diagonal_scales_collapse_at_different
     S = np.diag(d ** 2) + B @ B.T
     dense = 0.5 * (5 * (1.0 + math.log(2.0 * math.pi)) + np.linalg.slogdet(S)[1])
     assert fam.entropy_np(p) == pytest.approx(dense, abs=1e-8)
+    assert float(fam.entropy(jnp.asarray(p))) == pytest.approx(dense, abs=1e-8)   # JAX's too
+    assert np.all(np.isfinite(np.asarray(jax.grad(fam.entropy)(jnp.asarray(p)))))
     eps = rng.normal(size=(50, 7))
     z = fam.sample_np(p, eps)
     np.testing.assert_allclose(fam.log_q_eps_np(p, eps),
