@@ -27,7 +27,7 @@ the ELBO in B (the gradient there, E[g ε₂ᵀ] + Σ⁻¹B, is zero).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import jax
@@ -167,8 +167,18 @@ class LowRank(LowRankHostMath, GaussianDefaults):
                               log_scale0: float) -> np.ndarray:
         """The Laplace start's λ from the precision Λ at the mode (D ≤
         ``DENSE_PRECISION_MAX_DIM``): :meth:`params_from_covariance` of Λ⁻¹ when Λ is positive
-        definite, else the mean-field rule d = 1/√Λ_ii (``exp(log_scale0)`` where Λ_ii ≤ 0) with
-        the default B₀."""
+        definite, moved to the reverse-KL fit with ``laplace_fit="reverse_kl"``, else the
+        mean-field rule d = 1/√Λ_ii (``exp(log_scale0)`` where Λ_ii ≤ 0) with the default B₀
+        (the first of :meth:`laplace_starts`)."""
+        return self.laplace_starts(mu, precision, log_scale0)[0]
+
+    def laplace_starts(self, mu: np.ndarray, precision: np.ndarray, log_scale0: float
+                       ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(the Laplace start, its fallback): with ``laplace_fit="reverse_kl"`` and a positive
+        definite Λ, (the reverse-KL fit, the PPCA fit it started from) — TrustVI runs from the
+        PPCA fit when the run from the reverse-KL one ends uncertified, at a stationary point
+        of the non-concave (ω, B) landscape below the one the PPCA start reaches
+        (docs/algorithms.md#lowrank-start); else (the start, None).  One PPCA fit serves both."""
         prec = 0.5 * (np.asarray(precision, dtype=float) + np.asarray(precision, dtype=float).T)
         try:
             np.linalg.cholesky(prec)
@@ -176,14 +186,16 @@ class LowRank(LowRankHostMath, GaussianDefaults):
             if np.all(np.isfinite(cov)):
                 out = self.params_from_covariance(mu, cov)
                 if np.all(np.isfinite(out)):
-                    return (reverse_kl_params(self, mu, prec, out)
-                            if self.laplace_fit == "reverse_kl" else out)
+                    if self.laplace_fit != "reverse_kl":
+                        return out, None
+                    start = reverse_kl_params(self, mu, prec, out)
+                    return start, (out if not np.array_equal(start, out) else None)
         except np.linalg.LinAlgError:
             pass
         diag = np.diagonal(prec)
         ok = np.isfinite(diag) & (diag > 0)
         omega = np.where(ok, -0.5 * np.log(np.where(ok, diag, 1.0)), float(log_scale0))
-        return self.pack(mu, omega, self.initial_factor(float(np.median(omega))))
+        return self.pack(mu, omega, self.initial_factor(float(np.median(omega)))), None
 
     def laplace_deficit(self, params: np.ndarray, precision: np.ndarray) -> float | None:
         """KL(q ‖ N(μ, Λ⁻¹)) of the Laplace start λ = ``params`` (its mean the mode): the ELBO
@@ -191,17 +203,6 @@ class LowRank(LowRankHostMath, GaussianDefaults):
         (:func:`stanvi.families.lowrank_start.gaussian_deficit`); the second-start check
         discounts it from the fit's climb (docs/algorithms.md#second-start)."""
         return gaussian_deficit(self, params, precision)
-
-    def fallback_laplace_params(self, mu: np.ndarray, precision: np.ndarray,
-                                log_scale0: float) -> np.ndarray | None:
-        """The PPCA Laplace start when this family's start is the reverse-KL fit, else None:
-        TrustVI runs from it when the run from the reverse-KL start ends uncertified, at a
-        stationary point of the non-concave (ω, B) landscape below the one the PPCA start
-        reaches (docs/algorithms.md#lowrank-start)."""
-        if self.laplace_fit != "reverse_kl":
-            return None
-        return replace(self, laplace_fit="ppca").params_from_precision(mu, precision,
-                                                                       log_scale0)
 
     @property
     def dense_precision_max_dim(self) -> int:

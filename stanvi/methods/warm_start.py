@@ -102,10 +102,10 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     """Steps 2–3 of the module docstring at the mode ``z_star``: (q₀'s parameters, '') or
     (None, the reason there is none).  A family that compresses the Laplace Gaussian (one with
     ``laplace_deficit``: the low-rank family) records in ``info["laplace_deficit"]`` the ELBO
-    q₀ gives up against it (docs/algorithms.md#second-start); with ``fallback``, one with a
-    fallback start (``fallback_laplace_params``: the low-rank family's PPCA start behind its
-    reverse-KL one) records that start, when it differs from q₀, and its deficit in
-    ``info["laplace_fallback"]`` (docs/algorithms.md#lowrank-start)."""
+    q₀ gives up against it (docs/algorithms.md#second-start); with ``fallback``, one whose
+    ``laplace_starts`` gives a fallback start (the low-rank family's PPCA start behind its
+    reverse-KL one) records that start and its deficit in ``info["laplace_fallback"]``
+    (docs/algorithms.md#lowrank-start)."""
     dim = family.dim
     if not np.all(np.isfinite(z_star)):
         return None, "L-BFGS ended at a non-finite point"
@@ -119,14 +119,14 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     if res.hvp is None or not np.all(res.ok) or not np.all(np.isfinite(res.hvp)):
         return None, "the Hessian at the mode is not finite"
     precision = -0.5 * (res.hvp + res.hvp.T)
-    params = family.params_from_precision(z_star, precision, log_scale0)
+    if hasattr(family, "laplace_starts"):
+        params, other = family.laplace_starts(z_star, precision, log_scale0)
+    else:
+        params, other = family.params_from_precision(z_star, precision, log_scale0), None
     deficit = getattr(family, "laplace_deficit", None)
     if info is not None and deficit is not None:
         info["laplace_deficit"] = deficit(params, precision)
-    fallback_params = getattr(family, "fallback_laplace_params", None)
-    other = (fallback_params(z_star, precision, log_scale0)
-             if fallback and fallback_params is not None and info is not None else None)
-    if other is not None and np.all(np.isfinite(other)) and not np.array_equal(other, params):
+    if fallback and info is not None and other is not None:
         info["laplace_fallback"] = (other, deficit(other, precision) if deficit else None)
     return params, ""
 
