@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# JAX settings first (float64, the persistent compilation cache): every module below may build
-# arrays at import time.  The only place stanvi configures JAX.
-from stanvi.jax_config import configure as _configure_jax
+# JAX settings (float64, the persistent compilation cache), applied when JAX is first imported,
+# by stanvi (stanvi.lazy_jax) or by the user, or now if it already is.  The only place stanvi
+# configures JAX.
+from stanvi.jax_config import install as _install_jax_settings
 
-_configure_jax()
+_install_jax_settings()
 
 from stanvi.errors import (DivergedError, MissingExtraError, ModelEvaluationError,
                            NotConvergedError, NotConvergedWarning, StanCompileError,

@@ -11,7 +11,6 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import numpy as np
 
 from stanvi.errors import DivergedError, NotConvergedError, NotConvergedWarning, VIError
@@ -23,6 +22,7 @@ from stanvi.fit_inputs import (ModelLike, check_arguments, check_init, check_mem
                                single_gaussian_mixture)
 from stanvi.families import make_family
 from stanvi.fit_result import Fit, FitTrace
+from stanvi.lazy_jax import jax
 from stanvi.methods import GP_METHODS, STAN_METHODS, get_method, make_options
 from stanvi.methods.base import MethodResult, RunContext, purpose_key
 from stanvi.methods.blas_threads import blas_limited

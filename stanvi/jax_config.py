@@ -22,6 +22,11 @@ What makes it effective (issue 8, part 3):
   draws (any ``draws=``) and ``Fit.elbo``'s chunks are padded to powers of two
   (:func:`stanvi.estimators.elbo.bucket`).
 
+JAX itself is imported when first used (:mod:`stanvi.lazy_jax`), not when stanvi is: importing
+stanvi calls :func:`install`, which applies these settings at once if JAX is already imported, and
+otherwise as soon as anyone imports it (stanvi, or the user's own ``import jax`` after
+``import stanvi``), before any array is built (docs/architecture.md#lazy-jax).
+
 The cache grows without bound (JAX's size limit rescans the whole directory on every write);
 deleting the directory is always safe.
 """
@@ -29,9 +34,8 @@ deleting the directory is always safe.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-
-import jax
 
 ENV_VAR = "STANVI_JAX_CACHE"
 MIN_COMPILE_TIME_SECS = 0.0
@@ -53,6 +57,7 @@ def default_cache_dir() -> Path:
 def set_persistent_cache(enabled: bool = True, directory: str | os.PathLike | None = None) -> None:
     """Turn JAX's persistent compilation cache on (in ``directory``, default
     :func:`default_cache_dir`) or off, for programs compiled from now on in this process."""
+    import jax  # noqa: PLC0415
     from jax._src import compilation_cache  # noqa: PLC0415
 
     if not enabled:
@@ -71,6 +76,8 @@ def set_persistent_cache(enabled: bool = True, directory: str | os.PathLike | No
 
 def persistent_cache_dir() -> str | None:
     """The directory JAX's persistent compilation cache uses now, or None when it is off."""
+    import jax  # noqa: PLC0415
+
     if not jax.config.jax_enable_compilation_cache:
         return None
     return jax.config.jax_compilation_cache_dir
@@ -78,7 +85,9 @@ def persistent_cache_dir() -> str | None:
 
 def configure() -> None:
     """float64, partitionable threefry, and the persistent compilation cache unless
-    ``$STANVI_JAX_CACHE`` turns it off (run when ``stanvi`` is imported)."""
+    ``$STANVI_JAX_CACHE`` turns it off (run when JAX is first imported: :func:`install`)."""
+    import jax  # noqa: PLC0415
+
     jax.config.update("jax_enable_x64", True)
     # each random entry's bits depend on its index alone, so a block's first rows are the smaller
     # draw (stanvi.estimators.elbo.standard_normal relies on it; JAX's default since 0.5)
@@ -99,3 +108,53 @@ def configure() -> None:
         set_persistent_cache(True)
     except OSError:  # an unwritable cache root: fits still work, they just compile
         set_persistent_cache(False)
+
+
+class _ConfigureOnImport:
+    """The finder :func:`install` puts first on ``sys.meta_path`` (a meta path finder and loader,
+    duck-typed: ``importlib.abc`` would cost a new process 20–30 ms): it finds ``jax`` with the
+    other finders, lets its loader execute the package, then runs :func:`configure` and takes
+    itself off the path (once per process)."""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201
+        if fullname != "jax":
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        else:
+            return None
+        if spec.loader is None:
+            return None
+        self._loader = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):  # noqa: ANN001, ANN201
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:  # noqa: ANN001
+        module.__loader__ = module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        uninstall()
+        configure()
+
+
+_HOOK = _ConfigureOnImport()
+
+
+def install() -> None:
+    """Apply :func:`configure` now if JAX is imported, else when it first is (run when
+    ``stanvi`` is imported)."""
+    if "jax" in sys.modules:
+        configure()
+    elif _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
+
+
+def uninstall() -> None:
+    """Take the import hook of :func:`install` off ``sys.meta_path`` (no-op when it is off)."""
+    if _HOOK in sys.meta_path:
+        sys.meta_path.remove(_HOOK)

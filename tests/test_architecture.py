@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, str]] = [
     ("stanvi/fit.py", "fit"), ("stanvi/fit_inputs.py", "fit"), ("stanvi/fit_result.py", "fit"),
     ("stanvi/saved.py", "fit"),
     ("stanvi/cli.py", "face"), ("stanvi/__init__.py", "face"), ("stanvi/demo.py", "face"),
-    ("stanvi/errors.py", "common"), ("stanvi/log.py", "common"),
+    ("stanvi/errors.py", "common"), ("stanvi/log.py", "common"), ("stanvi/lazy_jax.py", "common"),
     ("stanvi/progress.py", "common"), ("stanvi/version.py", "common"),
 ]
 

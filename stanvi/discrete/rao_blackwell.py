@@ -48,12 +48,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-import jax
-import jax.numpy as jnp
-from jax import lax
+from stanvi.lazy_jax import jax, jnp, lax
 
-Array = jax.Array
-sg = lax.stop_gradient
+Array = "jax.Array"  # annotations only (they are not evaluated)
+
+
+def sg(x):  # noqa: ANN001, ANN201  (jax.lax.stop_gradient, read at the call: lazy JAX)
+    return lax.stop_gradient(x)
+
 
 BaselineKind = Literal["shared_sample", "independent_sample", "ema", "loo"]
 

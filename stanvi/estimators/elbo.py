@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from stanvi.errors import VIError
 from stanvi.families.fullrank_rows import FullRankRows
 from stanvi.estimators.keys import HostKey, fold_in, host_normal
+from stanvi.lazy_jax import jax, jnp
+from stanvi.lazy_jax import jit as lazy_jit
 
 
 class GradientFailure(VIError):
@@ -270,7 +270,7 @@ class GradientEstimate(NamedTuple):
     n_evaluated: int = 0        # draws evaluated in all (whole batches, redraws included)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
+@lazy_jit(static_argnums=(1, 2))
 def _standard_normal(key: jax.Array, n: int, dim: int) -> jax.Array:
     return jax.random.normal(key, (n, dim), dtype=jnp.float64)
 

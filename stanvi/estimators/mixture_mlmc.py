@@ -26,13 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from stanvi.estimators.mixture_surrogate import columns, surrogate
 from stanvi.errors import VIError
 from stanvi.estimators.mlmc import LevelStats, LevelVarianceSum, collect_rows, level_stats
+from stanvi.lazy_jax import jax, jnp
 
 
 class MixtureCoordinates:

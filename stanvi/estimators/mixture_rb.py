@@ -21,15 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from stanvi.errors import VIError
 from stanvi.estimators.elbo import CompiledByShape, PaddedRows
 from stanvi.estimators.mixture_mlmc import mixture_multilevel
 from stanvi.estimators.mixture_surrogate import columns, surrogate
+from stanvi.lazy_jax import jax, jnp, lax
 
 GRAD_RETRIES = 10
 GRAD_OK, GRAD_DROP_LIMIT, GRAD_NAN = 0, 1, 2   # as stanvi.estimators.stan_advi

@@ -6,8 +6,7 @@ and :mod:`stanvi.estimators.mixture_mlmc` (MLMCVI's levels).
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+from stanvi.lazy_jax import jax, jnp
 
 from stanvi.discrete.rao_blackwell import budget_columns, fixed_columns, reinforce
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from stanvi.errors import VIError
 from stanvi.estimators.base import family_estimator
 from stanvi.estimators.registry import ESTIMATORS
 from stanvi.estimators.elbo import ElboEstimator, GradientFailure, collect_valid, elbo_term
+from stanvi.lazy_jax import jax, jnp, lax
 
 GRAD_RETRIES = 10        # calc_grad's n_retries: the 10·grad_samples-th drop raises
 GRAD_OK, GRAD_DROP_LIMIT, GRAD_NAN = 0, 1, 2   # why a gradient failed (ADVI's ChunkResult codes)

@@ -17,13 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from stanvi.families.fullrank_rows import FullRankRows
 from stanvi.families.host_math import FullRankHostMath, MeanFieldHostMath, tril_indices
 from stanvi.families.protocol import GaussianDefaults
+from stanvi.lazy_jax import jax, jnp
 
 LOG_2PI = math.log(2.0 * math.pi)
 

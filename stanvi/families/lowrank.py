@@ -30,13 +30,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from stanvi.families.lowrank_host import LowRankHostMath, lower_trapezoidal, trapezoid_mask
 from stanvi.families.lowrank_start import gaussian_deficit, reverse_kl_params
 from stanvi.families.protocol import GaussianDefaults
+from stanvi.lazy_jax import jax, jnp
 
 LOG_2PI = math.log(2.0 * math.pi)
 #: The largest rank :func:`default_rank` chooses.

@@ -31,12 +31,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import ndtr, ndtri
 
 from stanvi.families.gaussian import LOG_2PI, tril_grid
+from stanvi.lazy_jax import jax, jnp
 
 # "auto" budget: every component is evaluated up to this many (docs/discrete.md#mixture-limits)
 EXACT_MAX_COMPONENTS = 4
@@ -232,12 +230,12 @@ class GaussianMixture:
         """(component (n,), the reused first coordinate ε₀' (n,)) from base draws (n, D)."""
         w = jax.nn.softmax(self.split(params)[0])
         cum = jnp.cumsum(w)
-        u = ndtr(eps[:, 0])
+        u = jax.scipy.special.ndtr(eps[:, 0])
         c = jnp.clip(jnp.searchsorted(cum, u, side="right"), 0, self.n_components - 1)
         lo = jnp.where(c > 0, cum[jnp.maximum(c - 1, 0)], 0.0)
         tiny = jnp.finfo(eps.dtype).tiny
         u2 = jnp.clip((u - lo) / w[c], tiny, 1.0 - jnp.finfo(eps.dtype).epsneg)
-        return c, ndtri(u2)
+        return c, jax.scipy.special.ndtri(u2)
 
     def sample(self, params: jax.Array, eps: jax.Array) -> jax.Array:
         """Draws from q for each row of ``eps`` (n, D) (module docstring: exact, by reusing the

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
-import jax
+from stanvi.lazy_jax import jax
 
 
 class FamilyProtocol(Protocol):

@@ -47,12 +47,12 @@ import warnings
 from functools import partial
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from stanvi.errors import VIError
 from stanvi.estimators.elbo import ElboEstimator
 from stanvi.estimators.stan_advi import GRAD_NAN, ElboFailure, calc_elbo
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import (MethodResult, OracleLedger, StepOutcome, Trace, compile_clock,
                                  iterate, purpose_key)
 from stanvi.methods.advi_options import DEFAULT_PROFILE, PROFILES, Options  # noqa: F401

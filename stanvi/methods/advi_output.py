@@ -7,11 +7,10 @@ failed gradient."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from stanvi.estimators.elbo import ElboEstimator, standard_normal
+from stanvi.lazy_jax import jax, jnp
 from stanvi.methods.base import OracleLedger, purpose_key
 from stanvi.methods.checks import (PROBE_DRAWS, divergence, improper_direction,
                                    runaway_coordinates)

@@ -14,13 +14,11 @@ from __future__ import annotations
 import weakref
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from stanvi.estimators.elbo import ElboEstimator
 from stanvi.estimators.stan_advi import GRAD_NAN, GRAD_OK, GRAD_RETRIES, stan_calc_grad
+from stanvi.lazy_jax import jax, jnp, lax
 from stanvi.methods.base import purpose_key
 from stanvi.optim.step_size import stan_step
 

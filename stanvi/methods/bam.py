@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax
 import numpy as np
 
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import MethodResult, RunContext
 # the method-module contract (PROFILES … HOST_PATH, stanvi.methods) is the same for both score
 # methods: score_vi's, re-exported (BaM alone also fits the low-rank family)

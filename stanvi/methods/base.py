@@ -12,11 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-import jax
 import numpy as np
 
 from stanvi.estimators.elbo import ElboEstimator
 from stanvi.estimators.keys import HostKey
+from stanvi.lazy_jax import jax
+from stanvi.lazy_jax import jit as lazy_jit
 from stanvi.progress import IterationProgress
 
 # Oracle prices of the TrustVI paper (Regier et al. 2017, §5; docs/algorithms.md#oracle-calls):
@@ -32,7 +33,7 @@ PURPOSES = {"gradient": 0, "hessian": 1, "change": 2, "elbo": 3, "output": 4, "i
             "refine": 6, "check": 7}
 
 
-@jax.jit
+@lazy_jit
 def _fold_in_twice(key: jax.Array, iteration, purpose) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(key, iteration), purpose)
 

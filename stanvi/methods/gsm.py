@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax
 import numpy as np
 
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import MethodResult, RunContext
 # the method-module contract (PROFILES … FAMILIES_SUPPORTED, stanvi.methods) is the same for
 # both score methods: score_vi's, re-exported

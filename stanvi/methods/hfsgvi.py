@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
 
-import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, gradient_with_redraws, standard_normal
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
 from stanvi.methods.checks import divergence

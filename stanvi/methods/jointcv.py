@@ -29,11 +29,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from stanvi.errors import ModelEvaluationError, VIError
 from stanvi.estimators.registry import SUBSAMPLED_ESTIMATORS, make_estimator
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  iterate, purpose_key)
 from stanvi.methods.checks import divergence

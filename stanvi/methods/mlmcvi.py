@@ -32,7 +32,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from stanvi.errors import StanviWarning, VIError
@@ -42,6 +41,7 @@ from stanvi.estimators.mlmc import (Coordinates, MultilevelGradient, plain_level
 from stanvi.estimators.mlmc_schedule import (cost_ratio, equal_cost_draws,
                                              low_cost_ok, mlmc_cost, sample_size)
 from stanvi.estimators.qmc import base_draws
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
 from stanvi.methods.checks import divergence

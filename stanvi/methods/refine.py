@@ -35,10 +35,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, per_draw_gradients, valid_draws
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import OracleLedger, purpose_key
 from stanvi.optim.gltr import solve_gltr, truncated
 from stanvi.optim.trust_region import NEWTON_RADIUS

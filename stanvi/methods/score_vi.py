@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import NamedTuple
 
-import jax
 import numpy as np
 
 from stanvi.estimators.elbo import GradientFailure, collect_valid
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
 from stanvi.methods.warm_start import laplace_start

@@ -62,11 +62,11 @@ import time
 from functools import partial
 from typing import NamedTuple
 
-import jax
 import numpy as np
 
 from stanvi.estimators.elbo import (GradientFailure, gradient_with_redraws, standard_normal,
                                     valid_draws)
+from stanvi.lazy_jax import jax
 from stanvi.methods.base import (MethodResult, OracleLedger, RunContext, StepOutcome, Trace,
                                  compile_clock, iterate, purpose_key)
 from stanvi.methods.checks import divergence, honest_outcome

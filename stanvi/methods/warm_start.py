@@ -27,7 +27,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
-import jax
+from stanvi.lazy_jax import jax
 
 from stanvi.estimators.elbo import mean_of_valid, standard_normal
 from stanvi.methods.base import OracleLedger

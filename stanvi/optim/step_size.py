@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+from stanvi.lazy_jax import jnp
+
 
 # Hard-coded in Stan's advi.hpp (``stochastic_gradient_ascent``).
 TAU = 1.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -176,6 +177,43 @@ def find_toolchain() -> Toolchain:
 
 
 def _first_line(cmd: list[str]) -> str:
+    """The first line ``cmd`` prints (a tool's ``--version``), kept in the cache root under the
+    executable's resolved path, size and modification time: running ``stanc`` and ``g++`` costs
+    a new process ~20 ms that a fit of an already compiled model need not pay (issue T3-1).
+    A tool replaced in place changes its size or time and is asked again."""
+    from stanvi.stan.cache import cache_root  # noqa: PLC0415
+
+    exe = shutil.which(cmd[0])
+    try:
+        st = os.stat(exe) if exe else None
+    except OSError:
+        st = None
+    key = (f"{os.path.realpath(exe)}|{st.st_size}|{st.st_mtime_ns}|{' '.join(cmd[1:])}"
+           if st else None)
+    store = cache_root() / "tool_versions.json"
+    known = _read_json(store)
+    if key is not None and isinstance(known.get(key), str):
+        return known[key]
+    line = _run_first_line(cmd)
+    if key is not None:
+        try:
+            tmp = store.with_name(f"{store.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**known, key: line}))
+            os.replace(tmp, store)
+        except OSError:  # a read-only cache root: ask again next time
+            pass
+    return line
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _run_first_line(cmd: list[str]) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:

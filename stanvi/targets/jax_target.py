@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
+from stanvi.lazy_jax import jax, jnp
 from stanvi.targets.base import BatchResult, OracleCounter, as_batch
 
 
