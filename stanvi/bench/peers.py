@@ -84,20 +84,21 @@ def _fit_method(method: str, compiled, data, seed: int, options: dict):
 def _figures(method: str, result, target, common: np.ndarray) -> dict[str, Any]:
     """A run's costs, ELBO, k̂ and draws."""
     from stanvi.evaluation.protocol import summarize_run  # noqa: PLC0415
-    from stanvi.diagnostics.draws import diagnostic_draw_count  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
 
     if method.startswith("trustvi"):
         evaluations = result.info.get("model_evaluations") or {}
         # the paper protocol's final ELBO: the family's ELBO on the common draws
         elbo = summarize_run(result, "", common, common[:2000], 2).final_elbo
+        diagnostics = result.diagnostics()
         return {"status": result.status, "wall": result.wall_time,
                 "compile": result.compile_time,
                 "evaluations": int(sum(evaluations.values())),
                 "hvp": int(evaluations.get("hvp", 0)),
-                "diagnostic_evaluations": OUTPUT_DRAWS + diagnostic_draw_count(
-                    result.family.dim, OUTPUT_DRAWS),
-                "elbo": elbo, "khat": result.diagnostics().khat,
+                # the output draws and every draw of the verdict's sample (its first S_diag
+                # and those it added while k-hat's band was undecided)
+                "diagnostic_evaluations": OUTPUT_DRAWS + int(diagnostics.n_draws),
+                "elbo": elbo, "khat": diagnostics.khat,
                 "draws": result.stan_variables(), "message": str(result.message)[:300]}
     if method == "stan-advi":
         try:
