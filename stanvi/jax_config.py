@@ -5,8 +5,9 @@ loads its compiled step functions from disk instead of compiling them again.
 The cache is on by default, in ``<stanvi cache root>/jax`` (``$STANVI_CACHE_DIR/jax``, default
 ``~/.cache/stanvi/jax``).  Turn it off with ``STANVI_JAX_CACHE=0`` in the environment (read
 when JAX is first imported in a process that imported stanvi) or :func:`set_persistent_cache`
-``(False)`` in the process; a cache directory the user already gave JAX (``JAX_COMPILATION_CACHE_DIR`` or
-``jax.config.update("jax_compilation_cache_dir", ...)`` before stanvi configures JAX) is kept.
+``(False)`` in the process; a cache directory the user already gave JAX
+(``JAX_COMPILATION_CACHE_DIR`` or ``jax.config.update("jax_compilation_cache_dir", ...)``
+before stanvi configures JAX) is kept.
 
 What makes it effective (issue 8, part 3):
 

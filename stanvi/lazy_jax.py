@@ -37,7 +37,11 @@ class LazyModule(types.ModuleType):
         try:
             value = getattr(module, attr)
         except AttributeError:
-            value = importlib.import_module(f"{self.__name__}.{attr}")
+            try:
+                value = importlib.import_module(f"{self.__name__}.{attr}")
+            except ModuleNotFoundError:
+                raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}"
+                                     ) from None
         setattr(self, attr, value)
         return value
 
@@ -65,10 +69,3 @@ def jit(fun: Callable | None = None, /, **options: Any) -> Callable:
         return jitted(*args, **kwargs)
 
     return wrapper
-
-
-def loaded() -> bool:
-    """Whether JAX has been imported in this process (by stanvi or by anyone else)."""
-    import sys  # noqa: PLC0415
-
-    return "jax" in sys.modules
