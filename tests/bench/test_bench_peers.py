@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 
+import stanvi
+
 from stanvi.bench import peers, peers_report
 
 
@@ -65,3 +67,21 @@ def test_a_run_on_a_model_with_reference_draws(load_target, tmp_path):
     assert med["trustvi"]["diagnostic_evaluations"] >= peers.OUTPUT_DRAWS
     assert json.loads(out.read_text())[0]["model"] == "gaussian_diag"
     assert target.dim == results[0]["dim"]
+
+
+def test_diagnostic_evaluations_count_every_draw_of_the_verdict(compiled):
+    """bernoulli's k-hat stays undecided past the first S_diag draws, so the verdict adds
+    draws: the bench counts all of them (it used to count the first S_diag only)."""
+    from stanvi.bench.coldstart import DEFAULT_MODELS_DIR  # noqa: PLC0415
+    from stanvi.diagnostics.draws import diagnostic_draw_count  # noqa: PLC0415
+
+    compiled("bernoulli")
+    stan = DEFAULT_MODELS_DIR / "bernoulli" / "bernoulli.stan"
+    data = DEFAULT_MODELS_DIR / "bernoulli" / "bernoulli.data.json"
+    case = peers.PeerCase("bernoulli", stan, str(data), {"theta": np.full(400, 0.25)})
+    run = peers.run([case], seeds=1, methods=("trustvi",))[0]["runs"]["trustvi"][0]
+    fit = stanvi.fit(str(stan), data=str(data), method="trustvi", seed=0, progress=False,
+                     draws=peers.OUTPUT_DRAWS)
+    used = fit.diagnostics().n_draws
+    assert used > diagnostic_draw_count(1, peers.OUTPUT_DRAWS)   # draws were added
+    assert run["diagnostic_evaluations"] == peers.OUTPUT_DRAWS + used
