@@ -15,7 +15,8 @@
   the value and gradient unbatched, as JAX requires of a primal output.
 
 Failed rows come back as ``-inf`` values and NaN derivatives, as in the Target protocol.
-Everything is float64 (``jax_enable_x64``, set by :mod:`stanvi.jax_config` when JAX is first imported in a process that imported stanvi).
+Everything is float64 (``jax_enable_x64``, set by :mod:`stanvi.jax_config` when JAX is first
+imported in a process that imported stanvi).
 
 **Two ways into C++.**  For a :class:`~stanvi.targets.stan_target.StanTarget` the three calls
 are XLA FFI custom calls (:mod:`stanvi.targets.jax_ffi`): XLA calls the model library's batched
