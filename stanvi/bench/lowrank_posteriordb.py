@@ -75,9 +75,9 @@ def targets(table: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
     out["w1_vs_pathfinder"] = ratio(LOWRANK, PATHFINDER, "w1")
     out["evaluations_vs_meanfield"] = ratio(LOWRANK, MEANFIELD, "evaluations")
     # the other reading of "evaluations per fit <= 2x mean-field's": each posterior's own ratio
-    per = [table[LOWRANK][p]["evaluations"] / table[MEANFIELD][p]["evaluations"]
-           for p in common if LOWRANK in med and MEANFIELD in med
-           and table[MEANFIELD][p]["evaluations"]]
+    per = ([table[LOWRANK][p]["evaluations"] / table[MEANFIELD][p]["evaluations"]
+            for p in common if table[MEANFIELD][p]["evaluations"]]
+           if LOWRANK in med and MEANFIELD in med else [])
     out["evaluations_vs_meanfield_per_posterior"] = float(np.median(per)) if per else math.nan
     out["posteriors_within_1.5x_fullrank_w1"] = count(LOWRANK, FULLRANK, "w1", 1.5)
     out["posteriors_below_pathfinder_w1"] = count(LOWRANK, PATHFINDER, "w1", 1.0)

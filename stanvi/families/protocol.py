@@ -93,6 +93,12 @@ class GaussianDefaults:
         docs/algorithms.md#advi-output)."""
         return float(self.entropy(params)) - 0.5 * self.dim
 
+    def laplace_starts(self, mu, precision, log_scale0: float) -> tuple[Any, Any]:
+        """(the Laplace start, its fallback): ``params_from_precision`` and no fallback
+        (the low-rank family overrides this with its PPCA start behind the reverse-KL one,
+        docs/algorithms.md#lowrank-start)."""
+        return self.params_from_precision(mu, precision, log_scale0), None
+
     def family_options(self) -> dict[str, Any]:
         """None needed: the full-rank storage (``diagonal``) is restored from the method's
         ``fullrank_diagonal`` option (stanvi.saved)."""

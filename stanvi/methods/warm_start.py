@@ -119,10 +119,7 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     if res.hvp is None or not np.all(res.ok) or not np.all(np.isfinite(res.hvp)):
         return None, "the Hessian at the mode is not finite"
     precision = -0.5 * (res.hvp + res.hvp.T)
-    if hasattr(family, "laplace_starts"):
-        params, other = family.laplace_starts(z_star, precision, log_scale0)
-    else:
-        params, other = family.params_from_precision(z_star, precision, log_scale0), None
+    params, other = family.laplace_starts(z_star, precision, log_scale0)
     deficit = getattr(family, "laplace_deficit", None)
     if info is not None and deficit is not None:
         info["laplace_deficit"] = deficit(params, precision)

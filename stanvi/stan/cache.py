@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 from filelock import FileLock
@@ -90,3 +91,12 @@ def file_sha256(path: Path) -> str:
 def model_key(code: str, name: str) -> str:
     """Content address of a model: its code and the name its C++ class gets."""
     return hashlib.sha256(f"{name}\0{code}".encode()).hexdigest()[:20]
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` by a temporary file in the same directory and a rename, so a
+    reader (another process) sees the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)

@@ -17,7 +17,6 @@ import logging
 import os
 import re
 import subprocess
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from filelock import Timeout
 from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.log import get_logger
 from stanvi.progress import StageProgress
-from stanvi.stan.cache import cache_root, file_sha256, lock_for, model_key
+from stanvi.stan.cache import atomic_write, cache_root, file_sha256, lock_for, model_key
 from stanvi.stan.toolchain import (GLUE_SOURCE, Toolchain, find_toolchain, glue_fingerprint,
                                    library_fingerprint)
 
@@ -304,13 +303,6 @@ def flag_set_dir(toolchain: Toolchain, tc_dir: Path, exact: bool, bar: StageProg
 
 def glue_object(flag_dir: Path) -> Path:
     return flag_dir / f"stanvi_bridge-{glue_fingerprint()}.o"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def log_tail(text: str, lines: int = 30) -> str:

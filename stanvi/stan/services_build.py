@@ -33,9 +33,9 @@ from pathlib import Path
 
 from stanvi.errors import StanCompileError, ToolchainError
 from stanvi.progress import StageProgress
-from stanvi.stan.cache import cache_root, file_sha256, lock_for
-from stanvi.stan.compiler import (PCH_HEADER, CompiledModel, atomic_write, flag_set_dir,
-                                  glue_object, log_tail, model_object, run_stanc, run_tool)
+from stanvi.stan.cache import atomic_write, cache_root, file_sha256, lock_for
+from stanvi.stan.compiler import (PCH_HEADER, CompiledModel, flag_set_dir, glue_object,
+                                  log_tail, model_object, run_stanc, run_tool)
 from stanvi.stan.toolchain import Toolchain, find_toolchain, glue_fingerprint, library_fingerprint
 
 SERVICES_SOURCE = Path(__file__).with_name("glue") / "stanvi_services.cpp"

@@ -181,7 +181,7 @@ def _first_line(cmd: list[str]) -> str:
     executable's resolved path, size and modification time: running ``stanc`` and ``g++`` costs
     a new process ~20 ms that a fit of an already compiled model need not pay (issue T3-1).
     A tool replaced in place changes its size or time and is asked again."""
-    from stanvi.stan.cache import cache_root  # noqa: PLC0415
+    from stanvi.stan.cache import atomic_write, cache_root  # noqa: PLC0415
 
     exe = shutil.which(cmd[0])
     try:
@@ -197,9 +197,7 @@ def _first_line(cmd: list[str]) -> str:
     line = _run_first_line(cmd)
     if key is not None:
         try:
-            tmp = store.with_name(f"{store.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({**known, key: line}))
-            os.replace(tmp, store)
+            atomic_write(store, json.dumps({**known, key: line}))
         except OSError:  # a read-only cache root: ask again next time
             pass
     return line
