@@ -190,13 +190,17 @@ def not_converged_text(fit_result: Fit, *, as_error: bool = False) -> str:
 
 
 def _report_diagnostics(fit_result: Fit, progress: bool) -> None:
-    """Compute and store the diagnostics; log the one-line verdict (issue P1-3) at INFO on the
-    ``stanvi.fit`` logger (:mod:`stanvi.log`: shown on stderr as ``stanvi: ...`` by default)."""
+    """With ``progress``, compute the diagnostics and log the one-line verdict (issue P1-3) at
+    INFO on the ``stanvi.fit`` logger (:mod:`stanvi.log`: shown on stderr as ``stanvi: ...`` by
+    default).  Without it nothing is shown, so nothing is computed here: ``fit.diagnostics()``
+    computes the verdict when it is first asked for, as do ``summary`` printing, ``save``,
+    ``to_arviz`` and the CLI, with the same draws and the same result
+    (docs/diagnostics.md#on-demand)."""
+    if not progress:
+        return
     from stanvi.log import get_logger  # noqa: PLC0415
 
-    diag = fit_result.diagnostics()
-    if progress:
-        get_logger("fit").info(diag.one_line())
+    get_logger("fit").info(fit_result.diagnostics().one_line())
 
 
 def make_fit(target: Target, family, result: MethodResult, *, method: str, profile: str, options,

@@ -302,6 +302,26 @@ def test_progress_is_visible_when_stderr_is_not_a_terminal(capfd):
     assert "Pareto k-hat" not in err and "trustvi: " in err
 
 
+def test_without_progress_the_verdict_is_computed_when_first_asked_for(eight_schools, capfd):
+    """progress=False shows nothing, so the fit evaluates no diagnostic draw: the model's
+    log-density count after the fit is the fit's own evaluations plus its output draws.
+    ``fit.diagnostics()`` then computes the verdict that a progress=True fit of the same seed
+    printed, on the same draws (docs/diagnostics.md#on-demand)."""
+    counter = eight_schools.counter
+    eager = stanvi.fit(eight_schools, progress=True, draws=50, seed=3)
+    shown = capfd.readouterr().err.splitlines()[-1]
+    before = sum(counter.snapshot().values())
+    lazy = stanvi.fit(eight_schools, progress=False, draws=50, seed=3)
+    after_fit = sum(counter.snapshot().values())
+    assert after_fit - before == sum(lazy.info["model_evaluations"].values()) + 50
+    diagnostics = lazy.diagnostics()
+    assert sum(counter.snapshot().values()) - after_fit == diagnostics.n_draws
+    assert shown == "stanvi: " + diagnostics.one_line()
+    assert (diagnostics.khat, diagnostics.n_draws) == (eager.diagnostics().khat,
+                                                       eager.diagnostics().n_draws)
+    assert lazy.diagnostics() is diagnostics        # computed once
+
+
 def test_repr_and_wall_time():
     lp = GaussianProblem(np.zeros(2), np.eye(2), "std").log_density
     fit = stanvi.fit(lp, dim=2, progress=False, draws=5)

@@ -42,7 +42,8 @@ def add_bench_parser(sub) -> None:
                         "steps, default 3000; crossover: QSGP vs svi at equal wall time at m = "
                         "10⁶ and 10⁷, --budget seconds per run, resumable through --output); "
                         "run-cpu: CPU of TrustVI's run per fit on small stan_models (--models, "
-                        "--seeds; default 7 small models, 5 seeds); "
+                        "--seeds; default 7 small models, 5 seeds; --dense-limits 0,48: the exact "
+                        "small-matrix solve against GLTR, interleaved in one process); "
                         "local-optima: does TrustVI certify a local optimum that ADVI or "
                         "Pathfinder beats by a nat (hmm_drive_0, mvn_orange, stagnant); "
                         "advi-fidelity: stanvi's ADVI against Stan's C++ ADVI, failures and eta "
@@ -112,6 +113,9 @@ def add_bench_parser(sub) -> None:
                         "(default 8)")
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="fullrank: kill a fit after this many seconds (default 1800)")
+    p.add_argument("--dense-limits", default=None,
+                   help="run-cpu: comma-separated settings of TrustVI's DENSE_SOLVE_MAX_PARAMS to "
+                        "compare in one process (0: GLTR always), e.g. 0,48")
     p.add_argument("--budget", type=float, default=None,
                    help="methods: oracle budget per run in the paper's scaled units "
                         "(max_oracle_calls; default none); qsgp crossover: seconds of training "
@@ -202,7 +206,9 @@ def run_bench(args: argparse.Namespace) -> int:
         from stanvi.bench import run_cpu  # noqa: PLC0415
 
         models = tuple(args.models.split(",")) if args.models else run_cpu.DEFAULT_MODELS
-        run_cpu.run(Path(args.models_dir), models, seeds=args.seeds)
+        limits = (tuple(int(x) for x in args.dense_limits.split(","))
+                  if args.dense_limits else None)
+        run_cpu.run(Path(args.models_dir), models, seeds=args.seeds, dense_limits=limits)
         return 0
     if args.what == "coldstart":
         from stanvi.bench import coldstart  # noqa: PLC0415

@@ -17,7 +17,9 @@ Then ``reps`` processes are timed and the median of each figure is printed:
   building the target), ``wall`` (the method, JAX compilation included: ``Fit.wall_time``), of which
   ``compile`` (``Fit.compile_time``: tracing, lowering and compiling or loading from the
   persistent cache the estimator's programs), and ``output`` (the rest: output draws in
-  constrained space and the Pareto k-hat diagnostics);
+  constrained space; with ``progress=False`` the Pareto k-hat verdict is computed when first asked
+  for, docs/diagnostics.md#on-demand, so not here); ``verdict`` (``run_child(..., verdict=True)``
+  only: ``fit.diagnostics()`` called inside the timed process, after the fit, and timed apart);
 * ``e2e``: the whole process as the parent sees it, interpreter start-up and exit included;
 * ``cpu``: the CPU time (user + system, all threads) of the whole process, from the parent's
   ``resource.getrusage(RUSAGE_CHILDREN)`` before and after it (the child also reports
@@ -59,7 +61,7 @@ import json, sys, time
 t0, c0 = time.perf_counter(), time.process_time()
 import stanvi
 t1, c1 = time.perf_counter(), time.process_time()
-model, data, method, family = sys.argv[1:5]
+model, data, method, family, verdict = sys.argv[1:6]
 data = data or None
 if method.startswith("pathfinder"):
     from stanvi.reference import pathfinder
@@ -73,6 +75,9 @@ else:
     figures = {"setup": fit.setup_time, "wall": fit.wall_time, "compile": fit.compile_time,
                "output": (t2 - t1) - fit.setup_time - fit.wall_time, "status": fit.status,
                "iterations": len(fit.trace) - 1}
+    if verdict == "verdict":
+        fit.diagnostics()
+        figures["verdict"] = time.perf_counter() - t2
 print("STANVI_COLDSTART " + json.dumps({
     "import": t1 - t0, "fit": t2 - t1, "cpu_import": c1 - c0, "cpu_fit": c2 - c1, **figures,
     # read after the clock: asking JAX for its cache directory imports JAX, which a host-path
@@ -99,15 +104,18 @@ class ColdStartResult:
 
 def run_child(model: Path, data: Path | None, method: str, family: str, *,
               jax_cache: bool = True, env: dict[str, str] | None = None,
-              timeout: float = 600.0) -> dict:
+              timeout: float = 600.0, verdict: bool = False) -> dict:
     """One fresh process fitting ``model``; returns its timings plus ``e2e`` (the process's wall
     time seen from here), ``cpu`` (its user + system CPU time, from this process's
     RUSAGE_CHILDREN, so run one child at a time) and ``load`` (the 1-minute load average at its
-    start).  Raises RuntimeError with the child's stderr when it fails."""
+    start).  With ``verdict`` a stanvi fit's process also computes its k̂ verdict
+    (``fit.diagnostics()``) before it exits: ``e2e`` includes it and ``verdict`` is its time.
+    Raises RuntimeError with the child's stderr when it fails."""
     child_env = dict(os.environ if env is None else env)
     if not jax_cache:
         child_env["STANVI_JAX_CACHE"] = "0"
-    cmd = [sys.executable, "-c", _CHILD, str(model), str(data or ""), method, family]
+    cmd = [sys.executable, "-c", _CHILD, str(model), str(data or ""), method, family,
+           "verdict" if verdict else ""]
     load = _load_1min()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()

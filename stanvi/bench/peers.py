@@ -18,7 +18,11 @@ seeds of (:mod:`stanvi.bench.peers_report` prints them, the ratios and the plot)
   in a process that has fitted other models already; Stan's the algorithm's;
 * ``new_process`` (``--new-process``, seed 0): a fresh ``python`` that imports stanvi and runs
   the method on the already compiled model, timed end to end from outside
-  (:func:`stanvi.bench.coldstart.run_child`);
+  (:func:`stanvi.bench.coldstart.run_child`); stanvi's fit with ``progress=False``, whose k̂
+  verdict is computed on demand (docs/diagnostics.md#on-demand), as single-path Pathfinder
+  computes none; ``new_process_verdict``: the same process calling ``fit.diagnostics()`` too;
+* ``verdict_wall``: the warm time of stanvi's first ``fit.diagnostics()`` call (the verdict's
+  draws, their log densities and PSIS), reported apart from ``wall``;
 * ``elbo``: stanvi's and Stan ADVI's Gaussians on 10,000 common base draws; single-path
   Pathfinder's mean of lp − lp_approx over its draws; none for multi-path;
 * ``mean_error_sd``, ``w1_sd``: medians over marginals of |mean − mean_ref| / sd_ref and of the
@@ -88,11 +92,13 @@ def _figures(method: str, result, target, common: np.ndarray) -> dict[str, Any]:
 
     if method.startswith("trustvi"):
         evaluations = result.info.get("model_evaluations") or {}
+        t0 = time.perf_counter()
+        diagnostics = result.diagnostics()     # on demand: the fit was run with progress=False
+        verdict_wall = time.perf_counter() - t0
         # the paper protocol's final ELBO: the family's ELBO on the common draws
         elbo = summarize_run(result, "", common, common[:2000], 2).final_elbo
-        diagnostics = result.diagnostics()
         return {"status": result.status, "wall": result.wall_time,
-                "compile": result.compile_time,
+                "compile": result.compile_time, "verdict_wall": verdict_wall,
                 "evaluations": int(sum(evaluations.values())),
                 "hvp": int(evaluations.get("hvp", 0)),
                 # the output draws and every draw of the verdict's sample (its first S_diag
@@ -144,12 +150,14 @@ def _runs(method: str, compiled, data, target, seeds: int, common: np.ndarray,
     return runs
 
 
-def _new_process_times(case: PeerCase, methods: tuple[str, ...]) -> dict[str, float]:
+def _new_process_times(case: PeerCase, methods: tuple[str, ...]) -> dict[str, dict[str, float]]:
     """End-to-end seconds of a fresh process running each of ``methods`` once (seed 0) on the
-    model, already compiled and cached (:func:`stanvi.bench.coldstart.run_child`)."""
+    model, already compiled and cached (:func:`stanvi.bench.coldstart.run_child`):
+    ``new_process``, and for stanvi's fits ``new_process_verdict`` (the process also computes
+    the k̂ verdict)."""
     from stanvi.bench.coldstart import run_child  # noqa: PLC0415
 
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         data_path = None
         if isinstance(case.data, dict):
@@ -162,7 +170,10 @@ def _new_process_times(case: PeerCase, methods: tuple[str, ...]) -> dict[str, fl
                 continue
             name, family = NEW_PROCESS[method]
             try:
-                out[method] = run_child(case.stan, data_path, name, family)["e2e"]
+                out[method] = {"new_process": run_child(case.stan, data_path, name, family)["e2e"]}
+                if name == "trustvi":
+                    out[method]["new_process_verdict"] = run_child(
+                        case.stan, data_path, name, family, verdict=True)["e2e"]
             except Exception as exc:  # noqa: BLE001 — a failing process is a missing figure
                 print(f"  {case.name}: new-process {method} failed: {str(exc)[:200]}")
     return out
@@ -171,7 +182,8 @@ def _new_process_times(case: PeerCase, methods: tuple[str, ...]) -> dict[str, fl
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if r.get("status") not in ("failed", "error", "skipped")]
     med: dict[str, Any] = {}
-    for k in ("wall", "evaluations", "hvp", "diagnostic_evaluations", "elbo", "mean_error_sd",
+    for k in ("wall", "verdict_wall", "evaluations", "hvp", "diagnostic_evaluations", "elbo",
+              "mean_error_sd",
               "w1_sd", "khat"):
         vals = [r[k] for r in ok if r.get(k) is not None and np.isfinite(r[k])]
         med[k] = float(np.median(vals)) if vals else None
@@ -216,7 +228,7 @@ def run_case(case: PeerCase, seeds: int, methods: tuple[str, ...] = METHODS, *,
         eligible = tuple(m for m in methods
                          if not (m == "trustvi-fullrank" and target.dim > FULLRANK_MAX_DIM))
         for method, seconds in _new_process_times(case, eligible).items():
-            out["medians"][method]["new_process"] = seconds
+            out["medians"][method].update(seconds)
     elbos = [m["elbo"] for m in out["medians"].values()
              if m.get("elbo") is not None and math.isfinite(m["elbo"])]
     best = max(elbos) if elbos else None

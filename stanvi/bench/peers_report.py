@@ -37,13 +37,20 @@ def print_model(res: dict[str, Any]) -> None:
               f"{','.join(m.get('statuses') or [])}")
 
 
+# the figure of single-path Pathfinder's that a stanvi figure is divided by
+BASE_FIGURE = {"new_process_verdict": "new_process"}
+
+
 def ratios(results: list[dict[str, Any]], method: str, figure: str) -> list[float]:
-    """Per model: ``method``'s median ``figure`` over single-path Pathfinder's."""
+    """Per model: ``method``'s median ``figure`` over single-path Pathfinder's (for
+    ``new_process_verdict``, a new process that also computes stanvi's k̂ verdict, over
+    Pathfinder's ``new_process``: Pathfinder computes none)."""
+    base_figure = BASE_FIGURE.get(figure, figure)
     out = []
     for r in results:
         a, b = r["medians"].get(method, {}), r["medians"].get(BASE, {})
-        if a.get(figure) is not None and b.get(figure) and b[figure] > 0:
-            out.append(a[figure] / b[figure])
+        if a.get(figure) is not None and b.get(base_figure) and b[base_figure] > 0:
+            out.append(a[figure] / b[base_figure])
     return out
 
 
@@ -54,12 +61,12 @@ def overall(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for method in methods:
         meds = [r["medians"][method] for r in results if method in r["medians"]]
         row: dict[str, Any] = {"models": len(meds)}
-        for k in ("wall", "new_process", "evaluations", "elbo_gap", "mean_error_sd", "w1_sd",
-                  "khat"):
+        for k in ("wall", "verdict_wall", "new_process", "new_process_verdict", "evaluations",
+                  "elbo_gap", "mean_error_sd", "w1_sd", "khat"):
             vals = [m[k] for m in meds if m.get(k) is not None]
             row[k] = float(np.median(vals)) if vals else None
         if method in RATIO_METHODS:
-            for figure in ("evaluations", "wall", "new_process"):
+            for figure in ("evaluations", "wall", "new_process", "new_process_verdict"):
                 rs = ratios(results, method, figure)
                 row[f"ratio_{figure}"] = float(np.median(rs)) if rs else None
                 row[f"ratio_{figure}_models"] = len(rs)
@@ -83,7 +90,9 @@ def print_overall(results: list[dict[str, Any]]) -> None:
         print(f"  {method} / single-path Pathfinder, median over models: evaluations "
               f"{_fmt(row['ratio_evaluations'], '.2f')}x ({row['ratio_evaluations_models']} "
               f"models), warm wall {_fmt(row['ratio_wall'], '.2f')}x, new process "
-              f"{_fmt(row['ratio_new_process'], '.2f')}x")
+              f"{_fmt(row['ratio_new_process'], '.2f')}x (with the k-hat verdict "
+              f"{_fmt(row['ratio_new_process_verdict'], '.2f')}x; its warm time "
+              f"{_fmt(row['verdict_wall'], '.3f')} s)")
     methods = list(table)
     for figure in ("evaluations", "wall", "mean_error_sd", "w1_sd"):
         wins = {m: 0 for m in methods}

@@ -17,7 +17,9 @@ draws), where everything is deterministic:
   §3); after two poor Newton steps in a row (ρ < 1/4 on an interior step) the model switches
   for good to Hessian-vector products of the first ``fixed_n_hess`` draws (subsampled-Hessian
   Newton, Byrd, Chin, Neveitt & Nocedal 2011);
-* the step from GLTR in q's Fisher metric, accepted when the matched-pair change
+* the step from GLTR in q's Fisher metric (solved exactly from the eigendecomposition when the
+  Stein matrix is formed and small, ``DENSE_SOLVE_MAX_PARAMS``; docs/algorithms.md#dense-tr),
+  accepted when the matched-pair change
   ℓ(λ+s; ε) − ℓ(λ; ε) of the whole sample (the paper's Eq. 8 on common draws) is at least a
   tenth of the model's prediction, the radius as in Nocedal & Wright 2006, Algorithm 4.1.  The
   trial point's gradients come with its values, so an accepted step's gradient (and the next
@@ -53,7 +55,7 @@ from stanvi.methods.checks import divergence
 from stanvi.methods.trustvi_options import Options
 from stanvi.optim.gltr import solve_gltr, truncated
 from stanvi.optim.norms import norm as _norm
-from stanvi.optim.trust_region import NEWTON_RADIUS
+from stanvi.optim.trust_region import NEWTON_RADIUS, MatrixModel, TRResult
 
 #: Accept a step when the fixed-sample ELBO rises by at least this fraction of the prediction.
 ACCEPT_RATIO = 0.1
@@ -65,6 +67,10 @@ NOT_CONCAVE_STAGES = 3
 #: Poor model predictions (ρ outside (1/2, 2), or an interior step with ρ < 1/4) after which
 #: the Stein model gives way to Hessian-vector products for the rest of the fit.
 POOR_MODEL_STEPS = 3
+#: Up to this many variational parameters a formed Stein matrix's subproblems are solved
+#: exactly from its eigendecomposition (one ``eigh`` shared by the step, or by the
+#: certification and its union step) instead of by GLTR (docs/benchmarks.md#dense-model-solve).
+DENSE_SOLVE_MAX_PARAMS = 48
 
 
 class FixedState(NamedTuple):
@@ -139,11 +145,22 @@ def _operator(setup: FixedSetup, state: FixedState, scale: np.ndarray):
     if state.hessian == "stein":
         matrix = family.stein_model_matrix(params, state.eps, state.model_grads)
         if matrix is not None:   # small P: one matrix-vector product per application
-            return (-(matrix / scale[:, None]) / scale[None, :]).dot, 0
+            negated = -(matrix / scale[:, None]) / scale[None, :]
+            if len(params) <= DENSE_SOLVE_MAX_PARAMS:   # and an exact solve below a few dozen
+                return MatrixModel(negated), 0
+            return negated.dot, 0
         model = family.stein_hvp_operator(params, state.eps, state.model_grads)
         return (lambda v: -model(v / scale) / scale), 0
     eps_h = state.eps[: state.n_hess]
     return (lambda v: -est.hvp(params, eps_h, v / scale) / scale), state.n_hess
+
+
+def _solve(op, c: np.ndarray, delta: float, **gltr_options) -> TRResult:
+    """The trust-region subproblem: exactly from the eigendecomposition when the model is a
+    small matrix (:class:`~stanvi.optim.trust_region.MatrixModel`), else by GLTR."""
+    if isinstance(op, MatrixModel):
+        return op.solve(c, delta)
+    return solve_gltr(op, c, delta, **gltr_options)
 
 
 def step(setup: FixedSetup, state: FixedState, k: int) -> StepOutcome:
@@ -155,7 +172,7 @@ def step(setup: FixedSetup, state: FixedState, k: int) -> StepOutcome:
     op, hvp_draws = _operator(setup, state, scale)
     c = -state.grad / scale
     tol_cert = certify_tolerance(o, len(params))
-    sol = solve_gltr(op, c, state.delta, tol_interior=o.fixed_krylov_tol,
+    sol = _solve(op, c, state.delta, tol_interior=o.fixed_krylov_tol,
                      tol_boundary=max(o.fixed_krylov_tol, 0.1), max_krylov=len(c))
     if hvp_draws:
         ledger.hvp(hvp_draws, sol.n_hvp)
@@ -254,7 +271,7 @@ def _union_step(setup: FixedSetup, op, hvp_draws: int, state: FixedState, fresh,
     at λ_N is the average of the two (the fixed sample's is ~0 at its optimum, so the step is
     about half the fresh sample's Newton step); the fresh step halved when the solve fails."""
     c = -0.5 * (state.grad + fresh.gradient) / scale
-    sol = solve_gltr(op, c, NEWTON_RADIUS, tol_interior=setup.o.certify_krylov_tol,
+    sol = _solve(op, c, NEWTON_RADIUS, tol_interior=setup.o.certify_krylov_tol,
                      tol_boundary=setup.o.certify_krylov_tol, max_krylov=len(c))
     if hvp_draws:
         setup.ledger.hvp(hvp_draws, sol.n_hvp)
@@ -274,7 +291,7 @@ def certify(setup: FixedSetup, state: FixedState, k: int, scale: np.ndarray, op,
         return StepOutcome(state, None, ("failed", f"failed_gradient at the certification of "
                                                    f"iteration {k}: {exc}"))
     c = -fresh.gradient / scale
-    sol = solve_gltr(op, c, NEWTON_RADIUS, tol_interior=o.certify_krylov_tol,
+    sol = _solve(op, c, NEWTON_RADIUS, tol_interior=o.certify_krylov_tol,
                      tol_boundary=o.certify_krylov_tol, max_krylov=len(c))
     if hvp_draws:
         ledger.hvp(hvp_draws, sol.n_hvp)

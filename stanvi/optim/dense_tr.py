@@ -25,7 +25,7 @@ import numpy as np
 
 from stanvi.optim.norms import norm as _norm
 
-__all__ = ["DenseTRResult", "solve_dense_tr", "tr_model_value"]
+__all__ = ["DenseTRResult", "solve_dense_tr", "solve_eigen_tr", "tr_model_value"]
 
 #: Relative size (w.r.t. ``‖b‖``) below which the components of b̃ along the bottom
 #: eigenspace count as zero (the "hard case", docs/algorithms.md#dense-tr).
@@ -121,16 +121,30 @@ def solve_dense_tr(T: np.ndarray, b: np.ndarray, delta: float) -> DenseTRResult:
     """
     T = np.asarray(T, dtype=float)
     b = np.asarray(b, dtype=float)
-    delta = float(delta)
     if T.ndim != 2 or T.shape[0] != T.shape[1] or b.shape != (T.shape[0],):
         raise ValueError(f"shape mismatch: T {T.shape}, b {b.shape}")
+    if b.shape[0] == 0:
+        _positive_radius(delta)
+        return DenseTRResult(np.zeros(0), 0.0, 0.0, False, True)
+    return solve_eigen_tr(np.linalg.eigh(0.5 * (T + T.T)), b, delta)
+
+
+def _positive_radius(delta) -> float:
+    delta = float(delta)
     if not delta > 0:
         raise ValueError(f"delta must be positive, got {delta}")
+    return delta
+
+
+def solve_eigen_tr(eigen: tuple[np.ndarray, np.ndarray], b: np.ndarray,
+                   delta: float) -> DenseTRResult:
+    """:func:`solve_dense_tr` from T's eigendecomposition ``(Λ, V)`` (``np.linalg.eigh``'s
+    output, eigenvalues ascending), steps 2–4: several subproblems with the same T (and other
+    b or δ) share one decomposition."""
+    lam, V = eigen
+    b = np.asarray(b, dtype=float)
+    delta = _positive_radius(delta)
     k = b.shape[0]
-    if k == 0:
-        return DenseTRResult(np.zeros(0), 0.0, 0.0, False, True)
-    T = 0.5 * (T + T.T)
-    lam, V = np.linalg.eigh(T)
     bt = V.T @ b
     lam1 = float(lam[0])
     bnorm = _norm(bt)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from stanvi.optim.dense_tr import solve_dense_tr
+from stanvi.optim.dense_tr import solve_dense_tr, solve_eigen_tr
 from stanvi.optim.norms import norm
 
 
@@ -84,6 +84,36 @@ def solve_dense_operator(hvp, c: np.ndarray, delta: float) -> TRResult:
     r = solve_dense_tr(B, c, delta)
     return TRResult(r.h, float(r.q_value), p, not r.interior, r.hard_case, None, None,
                     "boundary" if not r.interior else "converged")
+
+
+class MatrixModel:
+    """A trust-region model whose B is a small dense matrix: applied as an operator (a
+    matrix-vector product), and solved exactly (:meth:`solve`) from one eigendecomposition that
+    every solve with this B shares (docs/algorithms.md#dense-tr).  Below a few dozen
+    parameters one ``eigh`` costs less than GLTR's Lanczos iterations, each of which solves a
+    small dense problem of its own (docs/benchmarks.md#dense-model-solve)."""
+
+    def __init__(self, matrix: np.ndarray):
+        self.matrix = matrix
+        self._eigen: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        return self.matrix.dot(v)
+
+    def solve(self, c: np.ndarray, delta: float) -> TRResult:
+        """The global minimizer of ``cᵀs + ½ sᵀBs`` over ``‖s‖ ≤ δ``; no operator
+        applications (``n_hvp = 0``), status ``"converged"`` (interior) or ``"boundary"``, or
+        ``"non_finite"`` when B or c is not finite."""
+        c, delta, n, _ = validated_problem(c, delta)
+        if self._eigen is None:
+            if not (np.isfinite(self.matrix).all() and np.isfinite(c).all()):
+                return non_finite_result(n, 0)
+            self._eigen = np.linalg.eigh(0.5 * (self.matrix + self.matrix.T))
+        elif not np.isfinite(c).all():
+            return non_finite_result(n, 0)
+        r = solve_eigen_tr(self._eigen, c, delta)
+        return TRResult(r.h, float(r.q_value), 0, not r.interior, r.hard_case, None, None,
+                        "converged" if r.interior else "boundary")
 
 
 def scaled_problem(neg_hvp, c: np.ndarray, scale: np.ndarray | None):

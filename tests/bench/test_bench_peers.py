@@ -34,6 +34,20 @@ def test_ratios_are_per_model_and_the_overall_median_over_models():
     assert table["pathfinder"]["models"] == 4
 
 
+def test_the_new_process_with_the_verdict_is_divided_by_pathfinders_new_process():
+    """Pathfinder computes no k-hat verdict, so stanvi's process that also computes one is
+    divided by Pathfinder's plain new process."""
+    results = [_result("a", {"new_process": 0.6, "new_process_verdict": 0.9},
+                       {"new_process": 0.4}),
+               _result("b", {"new_process": 0.5, "new_process_verdict": 1.5},
+                       {"new_process": 0.5})]
+    assert peers_report.ratios(results, "trustvi", "new_process_verdict") == pytest.approx(
+        [2.25, 3.0])
+    table = peers_report.overall(results)
+    assert table["trustvi"]["ratio_new_process"] == pytest.approx(1.25)
+    assert table["trustvi"]["ratio_new_process_verdict"] == pytest.approx(2.625)
+
+
 def test_plot_is_written(tmp_path):
     results = [_result(m, {"evaluations": e, "w1_sd": 0.1, "mean_error_sd": 0.01},
                        {"evaluations": 2 * e, "w1_sd": 0.2, "mean_error_sd": 0.05})
@@ -65,6 +79,7 @@ def test_a_run_on_a_model_with_reference_draws(load_target, tmp_path):
         assert med[method]["mean_error_sd"] is not None
     assert med["trustvi"]["statuses"] == ["converged"]
     assert med["trustvi"]["diagnostic_evaluations"] >= peers.OUTPUT_DRAWS
+    assert med["trustvi"]["verdict_wall"] > 0
     assert json.loads(out.read_text())[0]["model"] == "gaussian_diag"
     assert target.dim == results[0]["dim"]
 

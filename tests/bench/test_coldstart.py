@@ -307,9 +307,17 @@ def test_coldstart_child_reports_every_figure():
     assert out["status"] in ("converged", "max_iters", "budget")
     assert out["cpu"] > 0.0 and out["cpu_import"] > 0.0 and out["cpu_fit"] > 0.0
     assert out["cpu"] >= out["cpu_import"] + out["cpu_fit"] - 0.05  # the child's own share
+    assert "verdict" not in out             # progress=False: the verdict is left to be asked for
     res = coldstart.ColdStartResult("advi", "meanfield", runs=[out])
     table = coldstart.format_table([res])
     assert "advi" in table and "cpu" in table and "load" in table
+
+
+def test_coldstart_child_with_the_verdict_times_it_apart():
+    out = coldstart.run_child(coldstart.DEFAULT_MODEL, coldstart.DEFAULT_DATA, "trustvi",
+                              "meanfield", verdict=True)
+    assert out["verdict"] > 0.0
+    assert out["e2e"] >= out["import"] + out["fit"] + out["verdict"]
 
 
 # ------------------------------------------------------------------ what a fit imports

@@ -17,6 +17,7 @@ from stanvi.estimators.elbo import ElboEstimator
 from stanvi.estimators.keys import make_key
 from stanvi.families import FullRank, MeanField
 from stanvi.methods.base import OracleLedger, RunContext, Trace
+from stanvi.methods import trustvi_fixed
 from stanvi.methods.trustvi_fixed import certify_tolerance, stage_iteration_limit
 from stanvi.methods.trustvi_options import PROFILES, Options
 from stanvi.methods.trustvi_second_start import run_fixed, run_from_fallback
@@ -60,6 +61,38 @@ def test_exact_on_a_stan_gaussian_through_the_host_path(load_target):
     assert fit.info["certify_draws"] == DEFAULT.fixed_n0
     assert fit.info["hessian_model"] == "stein"
     assert fit.compile_time == 0.0
+
+
+@pytest.mark.parametrize("dense_max", [trustvi_fixed.DENSE_SOLVE_MAX_PARAMS, 10])
+def test_a_small_stein_matrix_is_solved_exactly_and_a_larger_one_by_gltr(load_target, dense_max,
+                                                                         monkeypatch):
+    """Mean-field on stan_models/gaussian has P = 20 parameters: at or below
+    ``DENSE_SOLVE_MAX_PARAMS`` every subproblem is solved from the Stein matrix's
+    eigendecomposition and GLTR is never called; above it (the limit lowered to 10), GLTR only.
+    Both reach the exact mean-field optimum."""
+    from stanvi.optim.trust_region import MatrixModel  # noqa: PLC0415
+
+    calls = {"dense": 0, "gltr": 0}
+    dense_solve, gltr = MatrixModel.solve, trustvi_fixed.solve_gltr
+
+    def counted(kind, fn):
+        def wrapper(*args, **kwargs):
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(MatrixModel, "solve", counted("dense", dense_solve))
+    monkeypatch.setattr(trustvi_fixed, "solve_gltr", counted("gltr", gltr))
+    monkeypatch.setattr(trustvi_fixed, "DENSE_SOLVE_MAX_PARAMS", dense_max)
+    target = load_target("gaussian")
+    data = target.data_dict()
+    prec = np.linalg.inv(np.asarray(data["Sigma"], dtype=float))
+    fit = stanvi.fit(target, method="trustvi", seed=0, progress=False)
+    assert fit.status == "converged", fit.message
+    assert np.allclose(fit.params[:target.dim], np.asarray(data["m"]), atol=1e-7)
+    assert np.allclose(np.exp(fit.params[target.dim:]), 1 / np.sqrt(np.diag(prec)), rtol=1e-7)
+    exact = 2 * target.dim <= dense_max
+    assert (calls["dense"] > 0, calls["gltr"] > 0) == (exact, not exact), calls
 
 
 def test_refuses_to_certify_a_run_that_is_short(load_target):

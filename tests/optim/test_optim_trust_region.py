@@ -14,8 +14,8 @@ import zlib
 import numpy as np
 import pytest
 
-from stanvi.optim import (solve_dense_tr, solve_gltr, solve_steihaug, solve_subspace_reuse,
-                          tr_model_value)
+from stanvi.optim import (MatrixModel, solve_dense_tr, solve_gltr, solve_steihaug,
+                          solve_subspace_reuse, tr_model_value)
 
 BOUND = 1 + 1e-10
 TIGHT = dict(tol_interior=1e-12, tol_boundary=1e-12)
@@ -204,6 +204,40 @@ def test_operator_solvers_constraint_decrease_and_optimality(kind, delta):
         # tracked model values, ~ eps·cond(B)·|q|)
         assert results["steihaug"].q_value >= results["gltr"].q_value - 1e-10 * abs(ref.q_value)
         assert results["gltr"].Q.shape == (n, results["gltr"].n_hvp)
+
+
+@pytest.mark.parametrize("kind", ["pd", "illcond", "indefinite", "negdef", "hard", "nearhard"])
+def test_matrix_model_solves_exactly_from_one_shared_eigendecomposition(kind, monkeypatch):
+    """Every solve with one MatrixModel equals the dense solver's on the same (B, c, δ), costs
+    no operator application, and the eigendecomposition is computed once for all of them."""
+    rng = np.random.default_rng(seed_of(kind, "matrix-model"))
+    B, c, _, _ = random_problem(rng, 12, kind)
+    calls = []
+    eigh = np.linalg.eigh
+    monkeypatch.setattr(np.linalg, "eigh", lambda a: calls.append(1) or eigh(a))
+    model = MatrixModel(B)
+    np.testing.assert_allclose(model(c), B @ c)
+    for rhs, delta in ((c, 0.3), (c, 1e6), (-2.0 * c, 2.0), (rng.normal(size=12), 1.0)):
+        res = model.solve(rhs, delta)
+        with monkeypatch.context() as m:
+            m.setattr(np.linalg, "eigh", eigh)
+            ref = solve_dense_tr(B, rhs, delta)
+        np.testing.assert_allclose(res.s, ref.h, rtol=1e-12, atol=1e-14)
+        assert res.q_value == pytest.approx(ref.q_value, rel=1e-12)
+        assert res.on_boundary == (not ref.interior) and res.hard_case == ref.hard_case
+        assert res.status == ("boundary" if res.on_boundary else "converged")
+        assert res.n_hvp == 0
+    assert len(calls) == 1
+
+
+def test_matrix_model_with_non_finite_entries_is_a_non_finite_result():
+    B = np.eye(3)
+    B[1, 2] = B[2, 1] = np.inf
+    res = MatrixModel(B).solve(np.ones(3), 1.0)
+    assert res.status == "non_finite" and not np.isfinite(res.q_value)
+    assert np.array_equal(res.s, np.zeros(3))
+    res = MatrixModel(np.eye(3)).solve(np.array([1.0, np.nan, 0.0]), 1.0)
+    assert res.status == "non_finite"
 
 
 @pytest.mark.parametrize("n", [5, 30])
