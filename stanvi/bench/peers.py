@@ -183,8 +183,7 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if r.get("status") not in ("failed", "error", "skipped")]
     med: dict[str, Any] = {}
     for k in ("wall", "verdict_wall", "evaluations", "hvp", "diagnostic_evaluations", "elbo",
-              "mean_error_sd",
-              "w1_sd", "khat"):
+              "mean_error_sd", "w1_sd", "khat"):
         vals = [r[k] for r in ok if r.get(k) is not None and np.isfinite(r[k])]
         med[k] = float(np.median(vals)) if vals else None
     med["failed"] = len(runs) - len(ok)

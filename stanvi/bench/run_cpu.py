@@ -68,6 +68,7 @@ def run(models_dir: Path, models: tuple[str, ...] = DEFAULT_MODELS,
 
 def _compare_dense_limits(models_dir: Path, models: tuple[str, ...], families: tuple[str, ...],
                           seeds: int, limits: tuple[int, ...], rounds: int) -> dict:
+    """The module docstring's comparison of ``DENSE_SOLVE_MAX_PARAMS`` settings."""
     from stanvi.fit import fit  # noqa: PLC0415
     from stanvi.methods import trustvi_fixed  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415

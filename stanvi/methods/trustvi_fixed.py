@@ -140,7 +140,9 @@ def start(setup: FixedSetup, params: np.ndarray) -> FixedState:
 
 
 def _operator(setup: FixedSetup, state: FixedState, scale: np.ndarray):
-    """v ↦ −B v in the scaled variables, and the HVP draws each product costs (0: Stein)."""
+    """v ↦ −B v in the scaled variables, and the HVP draws each product costs (0: Stein); a
+    :class:`~stanvi.optim.trust_region.MatrixModel` when the Stein matrix is formed and has at
+    most ``DENSE_SOLVE_MAX_PARAMS`` rows (``_solve`` solves it exactly)."""
     est, family, params = setup.est, setup.family, state.params
     if state.hessian == "stein":
         matrix = family.stein_model_matrix(params, state.eps, state.model_grads)
