@@ -81,9 +81,14 @@ def solve_dense_operator(hvp, c: np.ndarray, delta: float) -> TRResult:
     if not np.all(np.isfinite(B)):
         return TRResult(np.zeros(p), float("nan"), p, False, False, None, None, "non_finite")
     B = 0.5 * (B + B.T)
-    r = solve_dense_tr(B, c, delta)
-    return TRResult(r.h, float(r.q_value), p, not r.interior, r.hard_case, None, None,
-                    "boundary" if not r.interior else "converged")
+    return _exact_result(solve_dense_tr(B, c, delta), p)
+
+
+def _exact_result(r, n_hvp: int) -> TRResult:
+    """A dense solver's :class:`~stanvi.optim.dense_tr.DenseTRResult` as a :class:`TRResult`
+    (no reusable basis; ``"converged"`` when interior, else ``"boundary"``)."""
+    return TRResult(r.h, float(r.q_value), n_hvp, not r.interior, r.hard_case, None, None,
+                    "converged" if r.interior else "boundary")
 
 
 class MatrixModel:
@@ -111,9 +116,7 @@ class MatrixModel:
             self._eigen = np.linalg.eigh(0.5 * (self.matrix + self.matrix.T))
         elif not np.isfinite(c).all():
             return non_finite_result(n, 0)
-        r = solve_eigen_tr(self._eigen, c, delta)
-        return TRResult(r.h, float(r.q_value), 0, not r.interior, r.hard_case, None, None,
-                        "converged" if r.interior else "boundary")
+        return _exact_result(solve_eigen_tr(self._eigen, c, delta), 0)
 
 
 def scaled_problem(neg_hvp, c: np.ndarray, scale: np.ndarray | None):
