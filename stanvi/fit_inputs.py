@@ -180,3 +180,29 @@ def single_gaussian_mixture(family: str, family_options: dict[str, Any]
         return family, family_options, None   # the family's own error names the bad value
     return name, kwargs, (f"family='mixture' with n_components=1 is a single Gaussian: fitted as "
                           f"family={name!r}")
+
+
+def lowrank_rank(target: Target, family: str, family_options: dict[str, Any], opts: Any,
+                 init_mu: np.ndarray | None, random_mu: np.ndarray
+                 ) -> tuple[dict[str, Any], Any, dict[str, Any] | None]:
+    """The low-rank family's rank when none is given, for a method that starts from the
+    Laplace approximation: chosen from the Laplace Gaussian at the mode
+    (:func:`stanvi.families.lowrank_rank.choose_rank`, docs/algorithms.md#lowrank-rank), up to
+    ``AUTO_RANK_MAX_DIM`` parameters.  Returns (the family's options with the rank, the Laplace
+    point the method's warm start then uses, a note for ``fit.info`` or None); the options
+    unchanged, None and None where the rule does not apply."""
+    from stanvi.families.lowrank import default_rank  # noqa: PLC0415 (low-rank fits only)
+    from stanvi.families.lowrank_rank import AUTO_RANK_MAX_DIM  # noqa: PLC0415
+    from stanvi.methods.base import initial_mean  # noqa: PLC0415
+    from stanvi.methods.warm_start import rank_from_laplace  # noqa: PLC0415
+
+    if (family != "lowrank" or "rank" in family_options or target.dim > AUTO_RANK_MAX_DIM
+            or getattr(opts, "warm_start", None) != "laplace"):
+        return family_options, None, None
+    mu0, _ = initial_mean(init_mu, random_mu, getattr(opts, "init", "zero"))
+    point, choice = rank_from_laplace(target, mu0, default_rank(target.dim))
+    if choice is None:
+        return family_options, point, None
+    return ({**family_options, "rank": choice.rank}, point,
+            {"rank": choice.rank, "default_rank": default_rank(target.dim),
+             "deficits": list(choice.deficits)})

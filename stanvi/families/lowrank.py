@@ -50,7 +50,9 @@ DENSE_PRECISION_MAX_DIM = 2000
 
 
 def default_rank(dim: int) -> int:
-    """The rank when none is given: min(10, max(1, ⌊D/2⌋)) (docs/algorithms.md#lowrank)."""
+    """The rank when none is given: min(10, max(1, ⌊D/2⌋)) (docs/algorithms.md#lowrank); up to
+    D = 100 a fit from the Laplace start chooses one at most this
+    (:mod:`stanvi.families.lowrank_rank`)."""
     return int(min(DEFAULT_MAX_RANK, max(1, int(dim) // 2)))
 
 

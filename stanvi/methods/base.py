@@ -9,7 +9,7 @@ returns (:class:`MethodResult`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -123,6 +123,12 @@ class OracleLedger:
         self.scaled += n_draws / CHANGE_BATCH
         self.literal += 1
         self.log_density_draws += n_draws
+
+    def absorb(self, other: OracleLedger) -> None:
+        """Adds ``other``'s charges: work done for the method before its run (the Laplace point
+        of :func:`stanvi.methods.warm_start.laplace_point`) joins its ledger when used."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def snapshot(self) -> dict[str, float]:
         return {"oracle_scaled": self.scaled, "oracle_literal": self.literal,
@@ -281,6 +287,20 @@ class MethodResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def initial_mean(init_mu: np.ndarray | None, random_init_mu: np.ndarray,
+                 rule: str) -> tuple[np.ndarray, str]:
+    """μ₀ and where it came from: the caller's ``init_mu`` ('user') when given, else the
+    method's ``init`` option ``rule``: 'random' (Stan's uniform(−2, 2) point,
+    ``random_init_mu``) or 'zero' (μ₀ = 0, as the TrustVI authors' code starts every method)."""
+    if init_mu is not None:
+        return np.asarray(init_mu, dtype=float), "user"
+    if rule == "random":
+        return np.asarray(random_init_mu, dtype=float), "random"
+    if rule == "zero":
+        return np.zeros(len(random_init_mu)), "zero"
+    raise ValueError(f"init must be 'random' or 'zero', got {rule!r}")
+
+
 @dataclass
 class RunContext:
     """Attributes:
@@ -290,6 +310,10 @@ class RunContext:
         max_oracle_calls: budget in scaled oracle units (None: unlimited).
         estimator: the compiled ELBO estimator.
         progress: progress display.
+        laplace_point: the Laplace warm start's mode and precision when the fit computed them
+            before the family was made (the low-rank family's rank,
+            :func:`stanvi.methods.warm_start.laplace_point`); the warm start uses them and
+            charges their cost to the method's ledger.
     """
 
     init_mu: np.ndarray | None
@@ -297,18 +321,11 @@ class RunContext:
     max_oracle_calls: float | None
     estimator: ElboEstimator
     progress: IterationProgress
+    laplace_point: Any = None
 
     def initial_mean(self, rule: str) -> tuple[np.ndarray, str]:
-        """μ₀ and where it came from: the caller's ``init`` ('user') when given, else the
-        method's ``init`` option: 'random' (Stan's uniform(−2, 2) point, ``random_init_mu``) or
-        'zero' (μ₀ = 0, as the TrustVI authors' code starts every method)."""
-        if self.init_mu is not None:
-            return np.asarray(self.init_mu, dtype=float), "user"
-        if rule == "random":
-            return np.asarray(self.random_init_mu, dtype=float), "random"
-        if rule == "zero":
-            return np.zeros(len(self.random_init_mu)), "zero"
-        raise ValueError(f"init must be 'random' or 'zero', got {rule!r}")
+        """μ₀ and where it came from (:func:`initial_mean`)."""
+        return initial_mean(self.init_mu, self.random_init_mu, rule)
 
     def over_budget(self, oracle_scaled: float) -> bool:
         return self.max_oracle_calls is not None and oracle_scaled >= self.max_oracle_calls

@@ -168,7 +168,7 @@ def _run(target, family, *, key: jax.Array, options: Options,
     if o.warm_start == "laplace" and target is not None:
         params, info = laplace_start(target, family, est, mu0, params,
                                      key=purpose_key(key, 0, "init"), ledger=ledger,
-                                     log_scale0=o.log_scale0)
+                                     log_scale0=o.log_scale0, point=context.laplace_point)
     state = State(params, recent=(params,))
     trace = Trace(compile_clock=compile_clock(est))
     trace.record(0, state.params, ledger)

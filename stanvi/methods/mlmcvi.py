@@ -224,7 +224,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
     if o.warm_start == "laplace" and target is not None and own_levels is None:
         params0, start_info = laplace_start(target, family, context.estimator, mu0, params0,
                                             key=purpose_key(key, 0, "init"), ledger=ledger,
-                                            log_scale0=o.log_scale0)
+                                            log_scale0=o.log_scale0,
+                                            point=context.laplace_point)
     theta0 = coords.from_family(params0)
     trace = Trace(compile_clock=compile_clock(context.estimator))
     eval_eps = eval_rng.standard_normal((o.elbo_draws, family.base_dim))

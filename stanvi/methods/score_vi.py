@@ -235,7 +235,7 @@ def run_score_method(method: str, update: Update, target, family, *, key: jax.Ar
         # the L-BFGS mode and the Hessian there, kept if its ELBO beats q₀'s (warm_start.py)
         params0, info = laplace_start(target, family, est, mu0, params0,
                                       key=purpose_key(key, 0, "init"), ledger=ledger,
-                                      log_scale0=o.log_scale0)
+                                      log_scale0=o.log_scale0, point=context.laplace_point)
         mu0, cov0 = np.asarray(family.mean(params0), dtype=float), moments.covariance(params0)
     state = ScoreState(params0, np.asarray(mu0, dtype=float), cov0)
     trace = Trace(compile_clock=compile_clock(est))

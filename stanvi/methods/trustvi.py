@@ -343,7 +343,8 @@ def run(target, family, *, key: jax.Array, options: Options, context: RunContext
         params, start_info = laplace_start(target, family, est, mu0, params,
                                            key=purpose_key(key, 0, "init"), ledger=ledger,
                                            log_scale0=o.log_scale0, alternatives=alternatives,
-                                           fallbacks=fallbacks if o.sample == "fixed" else None)
+                                           fallbacks=fallbacks if o.sample == "fixed" else None,
+                                           point=context.laplace_point)
     trace = Trace(compile_clock=compile_clock(est), start=clock_start)
     trace.record(0, params, ledger, delta=o.delta0)
     counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0, "rejected_failure": 0}

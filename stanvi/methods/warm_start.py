@@ -24,12 +24,15 @@ Every evaluation is charged to the method's ledger (gradients, HVPs, log densiti
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 from stanvi.lazy_jax import jax
 
 from stanvi.estimators.elbo import mean_of_valid, standard_normal
+from stanvi.families.lowrank import LowRank
+from stanvi.families.lowrank_rank import RankChoice, choose_rank
 from stanvi.methods.base import OracleLedger
 from stanvi.optim.lbfgsb import minimize_lbfgsb_lockstep
 
@@ -96,16 +99,80 @@ def lbfgs_paths(target, ledger: OracleLedger, inits: list, *, max_iters: int,
                                     maxiter=max_iters, maxfun=2 * max_iters)
 
 
+def mode_precision(target, z_star: np.ndarray, ledger: OracleLedger) -> np.ndarray | None:
+    """−H at ``z_star`` from D Hessian-vector products in one batched call, charged to
+    ``ledger`` (step 2 of the module docstring); None where it is not finite."""
+    dim = len(z_star)
+    res = target.log_density_hvp(np.tile(z_star, (dim, 1)), np.eye(dim))
+    ledger.hvp(1, dim)
+    if res.hvp is None or not np.all(res.ok) or not np.all(np.isfinite(res.hvp)):
+        return None
+    return -0.5 * (res.hvp + res.hvp.T)
+
+
+@dataclass(frozen=True)
+class LaplacePoint:
+    """Steps 1–2 of the module docstring computed before the method runs: L-BFGS from ``mu0``
+    (its end ``opt`` as :func:`lbfgs_paths` gives it, or the ``error`` that stopped it), −H at
+    the end (``precision``, None where not finite or not computed) and their cost
+    (``ledger``)."""
+
+    mu0: np.ndarray
+    opt: SimpleNamespace | None
+    error: str
+    precision: np.ndarray | None
+    ledger: OracleLedger
+
+
+def _mode(target, ledger: OracleLedger, mu0: np.ndarray,
+          max_iters: int) -> tuple[SimpleNamespace | None, str]:
+    """(L-BFGS's end from ``mu0``, '') or (None, why it could not run)."""
+    try:
+        (opt,) = lbfgs_paths(target, ledger, [np.asarray(mu0, dtype=float)],
+                             max_iters=max_iters)
+        if getattr(opt, "message", ""):   # the C++ path could not evaluate its start
+            raise ValueError(opt.message)
+    except (ValueError, FloatingPointError) as exc:  # scipy rejects non-finite starting values
+        return None, str(exc)
+    return opt, ""
+
+
+def laplace_point(target, mu0: np.ndarray, max_iters: int = 1000) -> LaplacePoint:
+    """The mode from ``mu0`` and the precision there, charged to a ledger of their own
+    (:class:`LaplacePoint`): what the low-rank family's rank is chosen from
+    (docs/algorithms.md#lowrank-rank) before :func:`laplace_start` uses them."""
+    ledger = OracleLedger()
+    mu0 = np.asarray(mu0, dtype=float)
+    opt, error = _mode(target, ledger, mu0, max_iters)
+    precision = None
+    if opt is not None and np.isfinite(opt.fun) and np.all(np.isfinite(opt.x)):
+        precision = mode_precision(target, np.asarray(opt.x, dtype=float), ledger)
+    return LaplacePoint(mu0, opt, error, precision, ledger)
+
+
+def rank_from_laplace(target, mu0: np.ndarray, max_rank: int
+                      ) -> tuple[LaplacePoint, RankChoice | None]:
+    """The :class:`LaplacePoint` from ``mu0`` and the low-rank family's rank chosen from its
+    Laplace Gaussian (:func:`stanvi.families.lowrank_rank.choose_rank`, at most ``max_rank``;
+    None where the mode or its precision is unusable)."""
+    point = laplace_point(target, mu0)
+    if point.precision is None:
+        return point, None
+    return point, choose_rank(LowRank, np.asarray(point.opt.x, dtype=float), point.precision,
+                              max_rank)
+
+
 def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
-              log_scale0: float, info: dict | None = None,
-              fallback: bool = False) -> tuple[np.ndarray | None, str]:
+              log_scale0: float, info: dict | None = None, fallback: bool = False,
+              precision: np.ndarray | None = None) -> tuple[np.ndarray | None, str]:
     """Steps 2–3 of the module docstring at the mode ``z_star``: (q₀'s parameters, '') or
     (None, the reason there is none).  A family that compresses the Laplace Gaussian (one with
     ``laplace_deficit``: the low-rank family) records in ``info["laplace_deficit"]`` the ELBO
     q₀ gives up against it (docs/algorithms.md#second-start); with ``fallback``, one whose
     ``laplace_starts`` gives a fallback start (the low-rank family's PPCA start behind its
     reverse-KL one) records that start and its deficit in ``info["laplace_fallback"]``
-    (docs/algorithms.md#lowrank-start)."""
+    (docs/algorithms.md#lowrank-start).  ``precision``: −H at ``z_star`` when already
+    computed and charged (:func:`laplace_point`)."""
     dim = family.dim
     if not np.all(np.isfinite(z_star)):
         return None, "L-BFGS ended at a non-finite point"
@@ -114,11 +181,10 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
         # a family that must not hold a D × D matrix (the low-rank family at large D): q₀
         # centred at the mode with the family's default scales, no Hessian evaluated
         return family.params_from_mode(z_star, log_scale0), ""
-    res = target.log_density_hvp(np.tile(z_star, (dim, 1)), np.eye(dim))
-    ledger.hvp(1, dim)
-    if res.hvp is None or not np.all(res.ok) or not np.all(np.isfinite(res.hvp)):
+    if precision is None:
+        precision = mode_precision(target, z_star, ledger)
+    if precision is None:
         return None, "the Hessian at the mode is not finite"
-    precision = -0.5 * (res.hvp + res.hvp.T)
     params, other = family.laplace_starts(z_star, precision, log_scale0)
     deficit = getattr(family, "laplace_deficit", None)
     if info is not None and deficit is not None:
@@ -131,8 +197,8 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
 def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarray, *,
                   key: jax.Array, ledger: OracleLedger, log_scale0: float,
                   max_iters: int = 1000, n_compare: int = LAPLACE_COMPARE_DRAWS,
-                  alternatives: list | None = None,
-                  fallbacks: list | None = None) -> tuple[np.ndarray, dict]:
+                  alternatives: list | None = None, fallbacks: list | None = None,
+                  point: LaplacePoint | None = None) -> tuple[np.ndarray, dict]:
     """The initial variational parameters: the Laplace start when its ELBO estimate beats
     ``default_params``' on common draws, else ``default_params`` (module docstring).  Returns
     the parameters and a record (``warm_start``: 'laplace' or 'default', with the reason).
@@ -140,23 +206,27 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
     independent start: :mod:`stanvi.methods.trustvi_second_start`).  When the Laplace start is
     chosen and its family has a fallback start (:func:`laplace_q`), (its λ, its deficit) is
     appended to ``fallbacks`` when given (TrustVI's
-    :func:`stanvi.methods.trustvi_second_start.run_from_fallback`)."""
+    :func:`stanvi.methods.trustvi_second_start.run_from_fallback`).  A ``point``
+    (:func:`laplace_point`) from the same ``mu0`` stands in for steps 1–2, its cost charged
+    to ``ledger``."""
     if alternatives is None:
         alternatives = []
     info: dict = {}
-    try:
-        (opt,) = lbfgs_paths(target, ledger, [np.asarray(mu0, dtype=float)],
-                             max_iters=max_iters)
-        if getattr(opt, "message", ""):   # the C++ path could not evaluate its start
-            raise ValueError(opt.message)
-    except (ValueError, FloatingPointError) as exc:  # scipy rejects non-finite starting values
-        return default_params, {"warm_start": "default", "warm_start_reason": str(exc)}
+    precision = None
+    if point is not None and np.array_equal(point.mu0, np.asarray(mu0, dtype=float)):
+        ledger.absorb(point.ledger)
+        opt, error, precision = point.opt, point.error, point.precision
+    else:
+        opt, error = _mode(target, ledger, mu0, max_iters)
+    if opt is None:
+        return default_params, {"warm_start": "default", "warm_start_reason": error}
     info["laplace_iterations"] = int(opt.nit)
     if not np.isfinite(opt.fun):
         return default_params, {**info, "warm_start": "default",
                                 "warm_start_reason": "L-BFGS ended at a non-finite point"}
     laplace, reason = laplace_q(target, family, np.asarray(opt.x, dtype=float), ledger,
-                                log_scale0, info, fallback=fallbacks is not None)
+                                log_scale0, info, fallback=fallbacks is not None,
+                                precision=precision)
     if laplace is None:
         return default_params, {**info, "warm_start": "default", "warm_start_reason": reason}
     eps = standard_normal(key, n_compare, family.base_dim)

@@ -11,7 +11,7 @@ import pytest
 import stanvi
 
 CASES = [("trustvi", "meanfield"), ("trustvi", "fullrank"), ("advi", "meanfield"),
-         ("advi", "fullrank"), ("hfsgvi", "meanfield")]
+         ("advi", "fullrank"), ("hfsgvi", "meanfield"), ("trustvi", "lowrank")]
 
 
 def ledger_evaluations(fit) -> dict[str, int]:
