@@ -1,6 +1,7 @@
 """What :func:`stanvi.fit.fit` checks and prepares before a method runs: the model as a target,
 the data's description, the seed, the options that are not the method's, the initial point, the
-family's memory and a one-component mixture read as the Gaussian it is (docs/quickstart.md)."""
+family's memory, a one-component mixture read as the Gaussian it is (docs/quickstart.md) and the
+low-rank family's rank where none is given (docs/algorithms.md#lowrank-rank)."""
 
 from __future__ import annotations
 
