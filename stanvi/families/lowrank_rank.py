@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stanvi.families.lowrank import LowRank
 from stanvi.families.lowrank_host import lower_trapezoidal
 from stanvi.families.lowrank_start import gaussian_deficit, reverse_kl_params
 
@@ -44,48 +45,47 @@ class RankChoice:
 
 
 def _inverse_covariance(omega: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """Σ⁻¹ = Ψ⁻¹ − W C⁻¹ Wᵀ for Σ = diag(e^{2ω}) + BBᵀ (Woodbury), D × D."""
+    """Σ⁻¹ = Ψ⁻¹ − W C⁻¹ Wᵀ for Σ = diag(e^{2ω}) + BBᵀ (Woodbury), D × D, with C⁻¹Wᵀ by a
+    solve: where a d_i collapses (posteriordb's mesquite, d = 5e-6 beside 33), the family's
+    :meth:`~stanvi.families.lowrank_host.LowRankHostMath.precision_rows`, which multiplies by
+    an explicit C⁻¹, is off by orders of magnitude (‖ΣΣ⁻¹ − I‖ ~ 1e3), this to rounding."""
     d2 = np.exp(2.0 * omega)
     W = B / d2[:, None]
     C = np.eye(B.shape[1]) + B.T @ W
     return np.diag(1.0 / d2) - W @ np.linalg.solve(C, W.T)
 
 
-def _one_more_column(family_cls, mu: np.ndarray, H: np.ndarray, params: np.ndarray,
-                     rank: int) -> np.ndarray:
-    """λ at rank + 1 from rank's λ with the column of the module docstring."""
+def _one_more_column(narrow: LowRank, wider: LowRank, mu: np.ndarray, H: np.ndarray,
+                     params: np.ndarray) -> np.ndarray:
+    """λ of ``wider`` (rank k + 1) from ``narrow``'s λ (rank k) with the column of the module
+    docstring."""
     D = mu.size
-    omega, B = params[D:2 * D], params[2 * D:].reshape(D, rank)
+    omega, B = params[D:2 * D], params[2 * D:].reshape(D, narrow.rank)
     inv = _inverse_covariance(omega, B)
     _, vecs = np.linalg.eigh(H - inv)
     u = vecs[:, 0]
     uhu, uiu = float(u @ H @ u), float(u @ inv @ u)
     t2 = max(1.0 / uhu - 1.0 / uiu, 1e-4 / uhu)
-    wider = family_cls(D, rank + 1)
     start = wider.pack(mu, omega, lower_trapezoidal(np.column_stack([B, np.sqrt(t2) * u])))
     return reverse_kl_params(wider, mu, H, start)
 
 
-def choose_rank(family_cls, mu: np.ndarray, precision: np.ndarray, max_rank: int,
+def choose_rank(mu: np.ndarray, precision: np.ndarray, max_rank: int,
                 min_gain: float = MIN_GAIN) -> RankChoice | None:
     """The rank of the module docstring for the Laplace Gaussian N(``mu``, ``precision``⁻¹),
     at most ``max_rank``; None where the precision is not positive definite (no Laplace
     Gaussian: the caller keeps its default)."""
     H = 0.5 * (np.asarray(precision, dtype=float) + np.asarray(precision, dtype=float).T)
     mu = np.asarray(mu, dtype=float)
-    try:
-        np.linalg.cholesky(H)
-    except np.linalg.LinAlgError:
-        return None
-    family = family_cls(mu.size, 1)
-    params = family.laplace_starts(mu, H, 0.0)[0]
-    first = gaussian_deficit(family, params, H)
+    narrow = LowRank(mu.size, 1)
+    params = narrow.laplace_starts(mu, H, 0.0)[0]
+    first = gaussian_deficit(narrow, params, H)     # None: H is not positive definite
     if first is None:
         return None
-    deficits, rank = [first], 1
-    while rank < max_rank:
-        wider = family_cls(mu.size, rank + 1)
-        candidate = _one_more_column(family_cls, mu, H, params, rank)
+    deficits = [first]
+    while narrow.rank < max_rank:
+        wider = LowRank(mu.size, narrow.rank + 1)
+        candidate = _one_more_column(narrow, wider, mu, H, params)
         deficit = gaussian_deficit(wider, candidate, H)
         if deficit is None or deficits[-1] - deficit < min_gain:
             own = wider.laplace_starts(mu, H, 0.0)[0]
@@ -97,5 +97,5 @@ def choose_rank(family_cls, mu: np.ndarray, precision: np.ndarray, max_rank: int
         deficits.append(deficit)
         if deficits[-2] - deficit < min_gain:
             break
-        params, rank = candidate, rank + 1
-    return RankChoice(rank, tuple(float(d) for d in deficits))
+        narrow, params = wider, candidate
+    return RankChoice(narrow.rank, tuple(float(d) for d in deficits))

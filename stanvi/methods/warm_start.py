@@ -31,11 +31,12 @@ import numpy as np
 from stanvi.lazy_jax import jax
 
 from stanvi.estimators.elbo import mean_of_valid, standard_normal
-from stanvi.families.lowrank import LowRank
 from stanvi.families.lowrank_rank import RankChoice, choose_rank
 from stanvi.methods.base import OracleLedger
 from stanvi.optim.lbfgsb import minimize_lbfgsb_lockstep
 
+#: Why there is no Laplace start when the Hessian at the mode is not finite.
+HESSIAN_NOT_FINITE = "the Hessian at the mode is not finite"
 #: Common draws on which the Laplace start's ELBO is compared with the method's own start.
 LAPLACE_COMPARE_DRAWS = 64
 
@@ -114,8 +115,8 @@ def mode_precision(target, z_star: np.ndarray, ledger: OracleLedger) -> np.ndarr
 class LaplacePoint:
     """Steps 1–2 of the module docstring computed before the method runs: L-BFGS from ``mu0``
     (its end ``opt`` as :func:`lbfgs_paths` gives it, or the ``error`` that stopped it), −H at
-    the end (``precision``, None where not finite or not computed) and their cost
-    (``ledger``)."""
+    the end (``precision``, None where not finite or not computed; ``error`` then says so when
+    it was evaluated) and their cost (``ledger``)."""
 
     mu0: np.ndarray
     opt: SimpleNamespace | None
@@ -147,6 +148,8 @@ def laplace_point(target, mu0: np.ndarray, max_iters: int = 1000) -> LaplacePoin
     precision = None
     if opt is not None and np.isfinite(opt.fun) and np.all(np.isfinite(opt.x)):
         precision = mode_precision(target, np.asarray(opt.x, dtype=float), ledger)
+        if precision is None:
+            error = HESSIAN_NOT_FINITE
     return LaplacePoint(mu0, opt, error, precision, ledger)
 
 
@@ -158,8 +161,7 @@ def rank_from_laplace(target, mu0: np.ndarray, max_rank: int
     point = laplace_point(target, mu0)
     if point.precision is None:
         return point, None
-    return point, choose_rank(LowRank, np.asarray(point.opt.x, dtype=float), point.precision,
-                              max_rank)
+    return point, choose_rank(np.asarray(point.opt.x, dtype=float), point.precision, max_rank)
 
 
 def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
@@ -184,7 +186,7 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
     if precision is None:
         precision = mode_precision(target, z_star, ledger)
     if precision is None:
-        return None, "the Hessian at the mode is not finite"
+        return None, HESSIAN_NOT_FINITE
     params, other = family.laplace_starts(z_star, precision, log_scale0)
     deficit = getattr(family, "laplace_deficit", None)
     if info is not None and deficit is not None:
@@ -224,6 +226,8 @@ def laplace_start(target, family, est, mu0: np.ndarray, default_params: np.ndarr
     if not np.isfinite(opt.fun):
         return default_params, {**info, "warm_start": "default",
                                 "warm_start_reason": "L-BFGS ended at a non-finite point"}
+    if error:   # the point's Hessian was evaluated and is not finite: not evaluated again
+        return default_params, {**info, "warm_start": "default", "warm_start_reason": error}
     laplace, reason = laplace_q(target, family, np.asarray(opt.x, dtype=float), ledger,
                                 log_scale0, info, fallback=fallbacks is not None,
                                 precision=precision)

@@ -28,7 +28,7 @@ def test_the_rank_of_a_contained_gaussian_is_found(rank):
     D = 10
     H = _diag_plus_low_rank_precision(D, rank, seed=rank)
     mu = np.linspace(-1.0, 1.0, D)
-    choice = choose_rank(LowRank, mu, H, default_rank(D))
+    choice = choose_rank(mu, H, default_rank(D))
     assert choice.rank == rank
     assert len(choice.deficits) == rank + 1          # the rejected column's deficit is kept
     assert choice.deficits[rank - 1] < 1e-6
@@ -42,15 +42,15 @@ def test_the_rank_of_a_contained_gaussian_is_found(rank):
 def test_an_independent_gaussian_gets_rank_one_and_the_cap_holds():
     D = 6
     H = np.diag(np.linspace(0.5, 4.0, D))
-    choice = choose_rank(LowRank, np.zeros(D), H, default_rank(D))
+    choice = choose_rank(np.zeros(D), H, default_rank(D))
     assert choice.rank == 1 and choice.deficits[0] < 1e-8
     correlated = _diag_plus_low_rank_precision(D, 3, seed=5)
-    assert choose_rank(LowRank, np.zeros(D), correlated, max_rank=2).rank == 2
+    assert choose_rank(np.zeros(D), correlated, max_rank=2).rank == 2
 
 
 def test_no_choice_without_a_positive_definite_precision():
     H = np.diag([1.0, -1.0, 2.0])
-    assert choose_rank(LowRank, np.zeros(3), H, 1) is None
+    assert choose_rank(np.zeros(3), H, 1) is None
 
 
 def test_a_fit_chooses_the_rank_and_starts_exactly_as_with_that_rank_given(load_target):
