@@ -256,6 +256,34 @@ class FullRank(FullRankHostMath, GaussianDefaults):
             vech[rows == cols] = np.log(vech[rows == cols])
         return np.concatenate([np.asarray(mu, dtype=float), vech])
 
+    def inner_meanfield(self) -> MeanField:
+        """The mean-field family of the same dimension: λ_mf = (μ, ω) is the member
+        :meth:`from_meanfield` maps to, with the same q and ELBO (docs/algorithms.md#second-start)."""
+        return MeanField(self.dim)
+
+    def meanfield_member(self, params: np.ndarray) -> np.ndarray:
+        """The mean-field λ = (μ, ω) nearest q in KL(q_mf ‖ q): the same mean and the
+        conditional variances 1/Λ_ii, Λ = (L Lᵀ)⁻¹ (Bishop 2006, §10.1.2), Λ_ii the squared
+        norm of column i of L⁻¹ (a triangular solve: no inverse of L Lᵀ is formed)."""
+        from scipy.linalg import solve_triangular  # noqa: PLC0415
+
+        lower = self.lower_factor(params)
+        inv = solve_triangular(lower, np.eye(self.dim), lower=True)
+        prec = np.sum(inv * inv, axis=0)
+        ok = np.isfinite(prec) & (prec > 0)
+        omega = np.where(ok, -0.5 * np.log(np.where(ok, prec, 1.0)), 0.0)
+        return np.concatenate([np.asarray(params, dtype=float)[:self.dim], omega])
+
+    def from_meanfield(self, params: np.ndarray) -> np.ndarray:
+        """λ of N(μ, diag(exp(2ω))) from the mean-field λ = (μ, ω): L = diag(exp(ω))."""
+        p = np.asarray(params, dtype=float)
+        rows, cols = self._tril()
+        diag = rows == cols
+        vech = np.zeros(len(rows))
+        omega = p[self.dim:]
+        vech[diag] = omega if self.diagonal == "log" else np.exp(omega)
+        return np.concatenate([p[:self.dim], vech])
+
     def factored_rows(self, params: np.ndarray, g: np.ndarray, eps: np.ndarray,
                       entropy_grad: np.ndarray) -> FullRankRows:
         """The per-draw ELBO gradients (n, P) in factored form, O(nD) memory

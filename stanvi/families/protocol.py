@@ -99,6 +99,12 @@ class GaussianDefaults:
         docs/algorithms.md#lowrank-start)."""
         return self.params_from_precision(mu, precision, log_scale0), None
 
+    def inner_meanfield(self) -> Any | None:
+        """The mean-field family inside this one (its optimum's ELBO bounds this family's
+        optimum from below, TrustVI's second-start check, docs/algorithms.md#second-start), or
+        None: this family is mean-field, or has no such member it can start from."""
+        return None
+
     def family_options(self) -> dict[str, Any]:
         """None needed: the full-rank storage (``diagonal``) is restored from the method's
         ``fullrank_diagonal`` option (stanvi.saved)."""

@@ -248,3 +248,50 @@ def test_fullrank_stan_entropy_gradient_and_hessian(rng):
     expected_h = np.zeros((fam.n_params, fam.n_params))
     expected_h[diag, diag] = -1.0 / ldd**2
     np.testing.assert_allclose(hess, expected_h, rtol=1e-14, atol=0)
+
+
+# ------------------------------------------------------------ the mean-field family inside
+
+@pytest.mark.parametrize("diagonal", ["stan", "log"])
+def test_fullrank_meanfield_member_has_the_conditional_variances(diagonal, rng):
+    """The mean-field member nearest q in KL(q_mf ‖ q) keeps q's mean and takes the
+    conditional variances 1/Λ_ii, Λ = (L Lᵀ)⁻¹ (Bishop 2006, §10.1.2): computed here from the
+    explicit inverse; and no other diagonal Gaussian is nearer (the KL at the member is below
+    that at perturbed variances)."""
+    fam = FullRank(D, diagonal=diagonal)
+    params = random_params(fam, rng)
+    cov = explicit_cholesky(fam, params) @ explicit_cholesky(fam, params).T
+    prec = np.linalg.inv(cov)
+    member = fam.meanfield_member(params)
+    np.testing.assert_array_equal(member[:D], params[:D])
+    np.testing.assert_allclose(np.exp(-2.0 * member[D:]), np.diag(prec), rtol=1e-10)
+
+    def kl(omega):   # KL(N(μ, diag e^{2ω}) ‖ N(μ, cov))
+        var = np.exp(2.0 * omega)
+        return 0.5 * (np.sum(np.diag(prec) * var) - D - np.sum(np.log(var))
+                      + np.linalg.slogdet(cov)[1])
+    best = kl(member[D:])
+    for shift in rng.normal(0.0, 0.1, size=(20, D)):
+        assert kl(member[D:] + shift) > best
+
+
+@pytest.mark.parametrize("diagonal", ["stan", "log"])
+def test_fullrank_from_meanfield_is_the_same_q(diagonal, rng):
+    """``from_meanfield`` maps a mean-field λ to the full-rank λ of the same Gaussian: the same
+    draws from the same base draws, the same log q and entropy; and ``meanfield_member`` of it
+    gives the mean-field λ back (a diagonal q is its own nearest mean-field member)."""
+    fam, mf = FullRank(D, diagonal=diagonal), MeanField(D)
+    assert fam.inner_meanfield() == mf and mf.inner_meanfield() is None
+    lam = random_params(mf, rng)
+    full = fam.from_meanfield(lam)
+    eps = rng.normal(size=(7, D))
+    np.testing.assert_allclose(np.asarray(fam.sample(jnp.asarray(full), jnp.asarray(eps))),
+                               np.asarray(mf.sample(jnp.asarray(lam), jnp.asarray(eps))),
+                               rtol=1e-13)
+    z = rng.normal(size=(5, D))
+    np.testing.assert_allclose(np.asarray(fam.log_q(jnp.asarray(full), jnp.asarray(z))),
+                               np.asarray(mf.log_q(jnp.asarray(lam), jnp.asarray(z))),
+                               rtol=1e-12)
+    assert float(fam.entropy(jnp.asarray(full))) == pytest.approx(
+        float(mf.entropy(jnp.asarray(lam))), rel=1e-13)
+    np.testing.assert_allclose(fam.meanfield_member(full), lam, rtol=1e-12, atol=1e-14)

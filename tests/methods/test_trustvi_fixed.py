@@ -235,6 +235,71 @@ def test_second_start_in_the_same_basin_changes_nothing():
     assert abs(params[0] - 3.0) < 0.05 and "second start" not in message
 
 
+def _setup(target, family, counts=None):
+    est = ElboEstimator(family, target.jax_log_density)
+    context = RunContext(init_mu=None, random_init_mu=np.zeros(target.dim),
+                         max_oracle_calls=None, estimator=est,
+                         progress=IterationProgress("trustvi", enabled=False))
+    setup = trustvi_fixed.FixedSetup(DEFAULT, est, family, make_key(0, host=False),
+                                     OracleLedger(), {}, counts or {"accepted": 0})
+    return setup, context
+
+
+def test_the_mean_field_run_reaches_the_mean_field_optimum_inside_full_rank():
+    """The second-start check's mean-field run (docs/algorithms.md#second-start) is the
+    mean-field fit's certified run from the member nearest the start: on a correlated
+    Gaussian it ends at the mean-field optimum (μ = m, σ_i = 1/√Λ_ii, exact to 1e-8 nats),
+    returned as the full-rank λ of that q, its evaluations charged to the fit's ledger; a
+    mean-field fit has no such run."""
+    from stanvi.methods.trustvi_second_start import _meanfield_run  # noqa: PLC0415
+
+    problem = make_problem(5, True)
+    target = JaxTarget(problem.log_density, 5)
+    family = FullRank(5, diagonal="log")
+    setup, context = _setup(target, family)
+    start = family.initial_params(np.zeros(5), 0.0)
+    candidate, k = _meanfield_run(setup, target, start, 0, context)
+    assert setup.info["second_start_meanfield_status"] == "converged" and k > 0
+    problem.assert_mf_optimum(MeanField(5), family.meanfield_member(candidate), gap_tol=1e-8)
+    assert setup.ledger.model_evaluations()["gradient"] > 0
+    setup, context = _setup(target, MeanField(5))
+    assert _meanfield_run(setup, target, setup.family.initial_params(np.zeros(5)), 0,
+                          context) == (None, 0)
+
+
+def test_a_higher_mean_field_optimum_replaces_a_certified_full_rank_one():
+    """A full-rank optimum below the mean-field family's is local (ARM's electric: 439 nats
+    below).  Here the run is certified at the bimodal target's lower mode, and the mean-field
+    run starts in the higher one's basin (a full-rank family whose nearest mean-field member
+    of the start is placed there: in one dimension the two families are the same, so the
+    real member would only find the same mode): the fit continues from it and says so.
+    With the real member, the check finds the same mode and changes nothing."""
+    @dataclasses.dataclass(frozen=True)
+    class Elsewhere(FullRank):
+        def meanfield_member(self, params):
+            return np.array([3.0, math.log(0.5)])
+
+    target = _bimodal()
+    options = dataclasses.replace(DEFAULT, second_paths=0)
+    for family, moved in ((Elsewhere(1, diagonal="log"), True),
+                          (FullRank(1, diagonal="log"), False)):
+        setup, context = _setup(target, family)
+        context = dataclasses.replace(context, random_init_mu=np.array([-3.0]))
+        start = np.array([-3.0, math.log(0.5)])
+        status, message, params, info = run_fixed(
+            options, setup.est, family, setup.key, setup.ledger, Trace(), start, [], context,
+            start_elbo=-50.0, target=target)
+        assert status == "converged", message
+        if moved:
+            assert abs(params[0] - 3.0) < 0.05, params
+            assert info["second_start_meanfield_gap"] == pytest.approx(math.log(9), abs=0.3)
+            assert info["second_start_used"] and "a mean-field run" in message
+        else:
+            assert abs(params[0] + 3.0) < 0.05, params
+            assert abs(info["second_start_meanfield_gap"]) < 0.1
+            assert "second start" not in message
+
+
 def test_the_trace_ends_at_the_fit_and_keeps_exploration_out(load_target):
     """The checks of the second start add one trace row, at the fit's result; the exploratory
     run's iterates (not the fit's) are not in the trace, so an ELBO along the trace never dips
