@@ -93,10 +93,18 @@ class FixedState(NamedTuple):
     not_concave: int = 0
 
 
+#: How an exploratory run (``explore_floor`` set) ends: its problem solved, its iterations
+#: spent while it still climbs, or its model predicting it stays below the floor.
+EXPLORE_SOLVED = "the exploratory run solved its problem"
+EXPLORE_SPENT = "the exploratory run spent its iterations"
+EXPLORE_BELOW = "the exploratory run stays below"
+
+
 class FixedSetup(NamedTuple):
     """What every iteration reads; ``explore_floor``: an exploratory run (the second start,
     :mod:`stanvi.methods.trustvi_second_start`), which stops instead of certifying, and as soon
-    as its model predicts it cannot rise above this ELBO."""
+    as its model predicts it cannot rise above this ELBO (−inf: never); ``stein_only``: the
+    Stein model never gives way to Hessian-vector products (the cheap exploratory run)."""
 
     o: Options
     est: object
@@ -106,6 +114,7 @@ class FixedSetup(NamedTuple):
     info: dict
     counts: dict
     explore_floor: float | None = None
+    stein_only: bool = False
 
 
 def certify_tolerance(o: Options, n_params: int) -> float:
@@ -187,10 +196,12 @@ def step(setup: FixedSetup, state: FixedState, k: int) -> StepOutcome:
     stage_over = state.stage_iters + 1 >= stage_iteration_limit(o, n)
     state = state._replace(stage_iters=state.stage_iters + 1)
     if setup.explore_floor is not None:
-        if (solved and m_prime < INNER_FRACTION * tol_cert) or stage_over:
-            return StepOutcome(state, row, ("converged", "the exploratory run ended"))
+        if solved and m_prime < INNER_FRACTION * tol_cert:
+            return StepOutcome(state, row, ("converged", EXPLORE_SOLVED))
+        if stage_over:
+            return StepOutcome(state, row, ("converged", EXPLORE_SPENT))
         if solved and np.mean(state.values) + 2.0 * m_prime < setup.explore_floor:
-            return StepOutcome(state, row, ("converged", "the exploratory run stays below"))
+            return StepOutcome(state, row, ("converged", EXPLORE_BELOW))
     elif (solved and m_prime < INNER_FRACTION * tol_cert) or stage_over:
         # solved on this sample, or ``fixed_stage_iters`` iterations on it (a kinked or very
         # flat fixed-sample ELBO): the fresh-sample test decides either way
@@ -237,9 +248,9 @@ def _count_poor(setup: FixedSetup, state: FixedState, poor: bool) -> FixedState:
     unless the family says its poor steps are its parameterization's
     (``stein_model_gives_way``: the low-rank family)."""
     poor_steps = state.poor_steps + 1 if poor else state.poor_steps
-    # (an exploratory run keeps the Stein model: it costs no model evaluation)
+    # (the cheap exploratory run keeps the Stein model: it costs no model evaluation)
     if (state.hessian == "stein" and poor_steps >= POOR_MODEL_STEPS
-            and setup.explore_floor is None
+            and not setup.stein_only
             and getattr(setup.family, "stein_model_gives_way", True)):
         setup.info["hessian_switch"] = setup.info.get("hessian_switch", 0) + 1
         return state._replace(hessian="hvp", poor_steps=0)

@@ -300,6 +300,28 @@ def test_a_higher_mean_field_optimum_replaces_a_certified_full_rank_one():
             assert "second start" not in message
 
 
+def test_an_exploratory_run_still_climbing_goes_on_with_the_fit_s_options():
+    """The cheap exploratory run (16 draws, the Stein model, ``second_start_iters``
+    iterations) that spends its iterations while it still climbs goes on from where it is
+    with the fit's sample and Hessian rule (ARM's electric_1b, docs/algorithms.md#second-start):
+    with 2 cheap iterations from a start on the higher mode's side (μ = 1, σ = 0.5) it does
+    not reach that mode, the continuation does, and the fit moves there.  With the default
+    budget the cheap run solves its problem (in 4 iterations) and is not continued."""
+    target = _bimodal()
+    for cheap_iters, continued in ((2, True), (DEFAULT.second_start_iters, False)):
+        setup, context = _setup(target, MeanField(1))
+        options = dataclasses.replace(DEFAULT, second_paths=0, second_start_iters=cheap_iters)
+        status, message, params, info = run_fixed(
+            options, setup.est, setup.family, setup.key, setup.ledger, Trace(),
+            np.array([-3.0, math.log(0.5)]), [np.array([1.0, math.log(0.5)])], context,
+            start_elbo=-50.0, target=None)
+        assert status == "converged", message
+        assert info.get("second_start_continued", False) is continued
+        assert abs(params[0] - 3.0) < 0.05, (cheap_iters, params)
+        assert info["second_start_used"] and "exploratory run" in message
+        assert info["second_start_iterations"] > cheap_iters or not continued
+
+
 def test_the_trace_ends_at_the_fit_and_keeps_exploration_out(load_target):
     """The checks of the second start add one trace row, at the fit's result; the exploratory
     run's iterates (not the fit's) are not in the trace, so an ELBO along the trace never dips
