@@ -251,12 +251,14 @@ def _certified_run(setup, params: np.ndarray, k0: int, trace: Trace, context: Ru
 def _explore(setup, params: np.ndarray, floor: float, k0: int, trace: Trace,
              context: RunContext) -> tuple[np.ndarray | None, int]:
     """The exploratory run from ``params`` (module docstring); its last iterate, or None when
-    its first sample cannot be drawn.  When its iterations are spent while it still climbs
-    (neither solved nor below the floor), it goes on from there with the fit's own sample
-    size and Hessian rule, without the floor, until it solves its problem or spends
+    its first sample cannot be drawn.  When it runs all its ``second_start_iters`` iterations
+    and still climbs (neither solved nor below the floor), it goes on from there with the fit's
+    own sample size and Hessian rule, without the floor, until it solves its problem or spends
     ``fixed_stage_iters`` more (ARM's electric_1b, mean-field seed 0: the run from the default
-    start was 28 nats below λ₁ after 30 cheap iterations, and 303 nats above it after 29
-    more; docs/algorithms.md#second-start)."""
+    start was 28 nats below λ₁ after 30 cheap iterations, and 303 nats above it after 21
+    more; docs/algorithms.md#second-start).  A run whose stage ends sooner (full rank's larger
+    sample: the same gradient budget in fewer iterations) is not continued: its family's climb
+    is checked by the mean-field run (:func:`_meanfield_run`)."""
     o = setup.o
     setup.info["second_start_iterations"] = 0
     cheap = setup._replace(o=_explore_options(o), explore_floor=floor, stein_only=True)
@@ -269,10 +271,11 @@ def _explore(setup, params: np.ndarray, floor: float, k0: int, trace: Trace,
         state, k, status, message = iterate(partial(trustvi_fixed.step, explore), state,
                                             max_iters=budget, trace=Trace(),
                                             ledger=setup.ledger, context=context, start=k0)
+        spent = k - k0 >= budget and (status == "max_iters"
+                                      or message == trustvi_fixed.EXPLORE_SPENT)
         setup.info["second_start_iterations"] += k - k0
         params, k0 = state.params, k
-        if explore is full or (status != "max_iters"
-                               and message != trustvi_fixed.EXPLORE_SPENT):
+        if explore is full or not spent:
             break
         setup.info["second_start_continued"] = True
     return params, k0
