@@ -74,6 +74,8 @@ PATH_MAX_ITERS = 1000
 INIT_KEYS = 1_000_000
 #: Tries for a random initial point with a finite density and gradient (Stan's limit)
 INIT_ATTEMPTS = 100
+#: Iterations over which the cheap exploratory run's rate of climb is measured (:func:`_may_pass`)
+CLIMB_WINDOW = 10
 
 
 def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
@@ -268,17 +270,33 @@ def _explore(setup, params: np.ndarray, floor: float, k0: int, trace: Trace,
             state = trustvi_fixed.start(explore, params)
         except GradientFailure:
             return (None if explore is cheap else params), k0
+        rows = Trace()
         state, k, status, message = iterate(partial(trustvi_fixed.step, explore), state,
-                                            max_iters=budget, trace=Trace(),
+                                            max_iters=budget, trace=rows,
                                             ledger=setup.ledger, context=context, start=k0)
         spent = k - k0 >= budget and (status == "max_iters"
                                       or message == trustvi_fixed.EXPLORE_SPENT)
         setup.info["second_start_iterations"] += k - k0
         params, k0 = state.params, k
-        if explore is full or not spent:
+        if explore is full or not spent or not _may_pass(rows, floor, o.fixed_stage_iters):
             break
         setup.info["second_start_continued"] = True
     return params, k0
+
+
+def _may_pass(rows: Trace, floor: float, iterations: int) -> bool:
+    """Whether the cheap exploratory run, at the rate its fixed-sample ELBO rose over its last
+    ``CLIMB_WINDOW`` iterations, would pass ``floor`` within ``iterations`` more: one that has
+    levelled off far below λ₁ is not continued (posteriordb's eight_schools_centered,
+    mean-field: 0.03 nats per iteration, 74 nats below; electric_1b: 19 per iteration, 25
+    below)."""
+    elbo = np.array([r.get("elbo", np.nan) for r in rows.rows], dtype=float)
+    elbo = elbo[np.isfinite(elbo)]
+    if len(elbo) < 2:
+        return False
+    window = min(CLIMB_WINDOW, len(elbo) - 1)
+    rate = (elbo[-1] - elbo[-1 - window]) / window
+    return bool(elbo[-1] + rate * iterations > floor)
 
 
 def _meanfield_run(setup, target, start: np.ndarray, k0: int,

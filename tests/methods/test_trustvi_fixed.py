@@ -322,6 +322,25 @@ def test_an_exploratory_run_still_climbing_goes_on_with_the_fit_s_options():
         assert info["second_start_iterations"] > cheap_iters or not continued
 
 
+def test_a_cheap_run_levelled_off_far_below_is_not_continued():
+    """The continuation is made only where the cheap run's climb over its last 10 iterations,
+    kept up for ``fixed_stage_iters`` more, would pass the floor: the mean-field cheap run on
+    posteriordb's eight_schools_centered rose 0.03 nats per iteration 74 nats below λ₁'s floor
+    (not continued); electric_1b's rose 19 per iteration 25 below (continued)."""
+    import types  # noqa: PLC0415
+
+    from stanvi.methods.trustvi_second_start import _may_pass  # noqa: PLC0415
+
+    def rows(elbos):
+        return types.SimpleNamespace(rows=[{"elbo": e} for e in elbos])
+    flat = rows(np.linspace(-110.2, -109.9, 30))
+    climbing = rows(np.linspace(-1200.0, -1004.4, 30))
+    assert not _may_pass(flat, -36.1, 50)
+    assert _may_pass(climbing, -979.0, 50)
+    assert not _may_pass(climbing, -979.0 + 50 * (195.6 / 29) + 1.0, 50)   # just out of reach
+    assert not _may_pass(rows([-5.0]), -10.0, 50)      # no climb measured: not continued
+
+
 def test_the_trace_ends_at_the_fit_and_keeps_exploration_out(load_target):
     """The checks of the second start add one trace row, at the fit's result; the exploratory
     run's iterates (not the fit's) are not in the trace, so an ELBO along the trace never dips
