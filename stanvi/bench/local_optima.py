@@ -1,10 +1,12 @@
 """``stanvi bench local-optima``: does TrustVI certify a local optimum without saying so?
 (issue T3-1, target 5; docs/benchmarks.md#second-start-bench).
 
-The models are the three on which TrustVI once certified convergence far below another
-method's ELBO: posteriordb's ``bball_drive_event_0-hmm_drive_0`` (an HMM with two modes, 60
-nats apart full-rank) and example-models' ``bugs_examples/vol2/mvn_orange`` (51 nats below
-ADVI) and ``bugs_examples/vol2/stagnant`` (a change-point model, 12 nats below).  Each runs
+The models are the five on which TrustVI once certified convergence far below another
+run's ELBO: posteriordb's ``bball_drive_event_0-hmm_drive_0`` (an HMM with two modes, 60
+nats apart full-rank), example-models' ``bugs_examples/vol2/mvn_orange`` (51 nats below
+ADVI) and ``bugs_examples/vol2/stagnant`` (a change-point model, 12 nats below), and, found by
+issue T3-4's batch, ``ARM/Ch.23/electric`` (full rank 439 nats below mean-field) and
+``ARM/Ch.23/electric_1b`` (mean-field seed 0, 303 nats below seeds 1 and 2).  Each runs
 through :func:`stanvi.bench.peers.run_case` (same compiled model, same common draws, NUTS as the
 reference posterior where posteriordb has none): TrustVI ``default`` mean-field and full-rank,
 Stan's C++ ADVI (mean-field) and single-path Pathfinder, ``seeds`` seeds each.
@@ -17,8 +19,9 @@ A TrustVI run is then
 * ``unflagged``: ``converged`` while a peer's ELBO is ≥ 1 nat higher — the miss the target
   forbids.
 
-The peers compared are those of the same family: Stan's mean-field ADVI for mean-field TrustVI,
-ADVI and Pathfinder (a dense Gaussian) for full-rank TrustVI.  Their ELBOs are on the same common
+The peers compared are those of the same family (``PEERS``): Stan's mean-field ADVI and every
+seed of mean-field TrustVI for mean-field TrustVI; ADVI, Pathfinder (a dense Gaussian) and
+every TrustVI run, mean-field included, for full-rank TrustVI.  Their ELBOs are on the same common
 base draws as TrustVI's (Pathfinder's: the mean of lp − lp_approx over its own draws).
 """
 
@@ -33,22 +36,30 @@ from stanvi.bench.peers import PeerCase, posteriordb_cases, run_case
 from stanvi.bench.peers_report import print_model
 
 POSTERIORDB = ("bball_drive_event_0-hmm_drive_0",)
-EXAMPLE_MODELS = ("bugs_examples/vol2/mvn_orange", "bugs_examples/vol2/stagnant")
+EXAMPLE_MODELS = ("bugs_examples/vol2/mvn_orange", "bugs_examples/vol2/stagnant",
+                  "ARM/Ch.23/electric", "ARM/Ch.23/electric_1b")
 METHODS = ("trustvi", "trustvi-fullrank", "stan-advi", "pathfinder")
-PEERS = {"trustvi": ("stan-advi",), "trustvi-fullrank": ("stan-advi", "pathfinder")}
+#: A run's peers: the other methods of its family, and its own family's TrustVI runs of every
+#: seed (electric_1b's mean-field seed 0 was certified 303 nats below seeds 1 and 2); full rank
+#: also mean-field TrustVI, whose every q it contains (electric: 439 nats below)
+PEERS = {"trustvi": ("stan-advi", "trustvi"),
+         "trustvi-fullrank": ("stan-advi", "pathfinder", "trustvi", "trustvi-fullrank")}
 NAT = 1.0
 
 
 def example_models_case(root: Path, relative: str) -> PeerCase:
-    """``<root>/<relative>/<name>.stan`` with ``<name>.data.json`` beside it (NUTS reference)."""
-    folder = Path(root) / relative
-    name = folder.name
-    stan, data = folder / f"{name}.stan", folder / f"{name}.data.json"
-    for path in (stan, data):
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found: pass the root of a stan-dev/"
-                                    f"example-models checkout (--example-models)")
-    return PeerCase(relative, stan, str(data))
+    """The example-models model named ``relative`` as the batch names it
+    (:func:`stanvi.batch.discover.discover_example_models`: ``ARM/Ch.23/electric``), or the
+    folder of one whose program has the folder's name (``bugs_examples/vol2/stagnant``), its
+    data read as the batch reads them (JSON or R dump); NUTS is the reference."""
+    from stanvi.batch.discover import discover_example_models, load_data  # noqa: PLC0415
+
+    found = (discover_example_models(Path(root), names=[relative])
+             or discover_example_models(Path(root), names=[f"{relative}/{Path(relative).name}"]))
+    if not found:
+        raise FileNotFoundError(f"{relative} not found under {root}: pass the root of a "
+                                f"stan-dev/example-models checkout (--example-models)")
+    return PeerCase(relative, found[0].stan, load_data(found[0]))
 
 
 def classify(elbo: float, status: str, best_peer: float | None) -> str:
