@@ -44,7 +44,7 @@ union's gradients, known without a new evaluation — until ``fixed_n_max`` draw
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -98,13 +98,16 @@ class FixedState(NamedTuple):
 EXPLORE_SOLVED = "the exploratory run solved its problem"
 EXPLORE_SPENT = "the exploratory run spent its iterations"
 EXPLORE_BELOW = "the exploratory run stays below"
+EXPLORE_IN_BASIN = "the exploratory run entered the certified optimum's basin"
 
 
 class FixedSetup(NamedTuple):
     """What every iteration reads; ``explore_floor``: an exploratory run (the second start,
     :mod:`stanvi.methods.trustvi_second_start`), which stops instead of certifying, and as soon
     as its model predicts it cannot rise above this ELBO (−inf: never); ``stein_only``: the
-    Stein model never gives way to Hessian-vector products (the cheap exploratory run)."""
+    Stein model never gives way to Hessian-vector products (the cheap exploratory run);
+    ``explore_basin``: a test of q's mean that stops the exploratory run (it is heading for the
+    optimum already certified)."""
 
     o: Options
     est: object
@@ -115,6 +118,7 @@ class FixedSetup(NamedTuple):
     counts: dict
     explore_floor: float | None = None
     stein_only: bool = False
+    explore_basin: Callable[[np.ndarray], bool] | None = None
 
 
 def certify_tolerance(o: Options, n_params: int) -> float:
@@ -196,6 +200,9 @@ def step(setup: FixedSetup, state: FixedState, k: int) -> StepOutcome:
     stage_over = state.stage_iters + 1 >= stage_iteration_limit(o, n)
     state = state._replace(stage_iters=state.stage_iters + 1)
     if setup.explore_floor is not None:
+        if setup.explore_basin is not None and setup.explore_basin(
+                np.asarray(family.mean(params), dtype=float)):
+            return StepOutcome(state, row, ("converged", EXPLORE_IN_BASIN))
         if solved and m_prime < INNER_FRACTION * tol_cert:
             return StepOutcome(state, row, ("converged", EXPLORE_SOLVED))
         if stage_over:

@@ -128,7 +128,7 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
         else:
             other = family.initial_params(context.random_init_mu, o.log_scale0)
             where = "Stan's random initialization"
-        candidate, k = _explore(setup, other, first_elbo - 2.0 * MARGIN, k, trace, context)
+        candidate, k = _explore(setup, other, first_elbo - 2.0 * MARGIN, k, first, context)
         where = f"an exploratory run from {where}"
         if candidate is not None:
             gap, se = _paired_gap(est, family, candidate, first, key, ledger)
@@ -250,7 +250,7 @@ def _certified_run(setup, params: np.ndarray, k0: int, trace: Trace, context: Ru
     return status, message, state.params, float(np.mean(state.values)), k
 
 
-def _explore(setup, params: np.ndarray, floor: float, k0: int, trace: Trace,
+def _explore(setup, params: np.ndarray, floor: float, k0: int, first: np.ndarray,
              context: RunContext) -> tuple[np.ndarray | None, int]:
     """The exploratory run from ``params`` (module docstring); its last iterate, or None when
     its first sample cannot be drawn.  When it runs all its ``second_start_iters`` iterations
@@ -260,11 +260,19 @@ def _explore(setup, params: np.ndarray, floor: float, k0: int, trace: Trace,
     start was 28 nats below λ₁ after 30 cheap iterations, and 303 nats above it after 21
     more; docs/algorithms.md#second-start).  A run whose stage ends sooner (full rank's larger
     sample: the same gradient budget in fewer iterations) is not continued: its family's climb
-    is checked by the mean-field run (:func:`_meanfield_run`)."""
+    is checked by the mean-field run (:func:`_meanfield_run`).  The continuation stops as soon
+    as q's mean comes within ``BASIN_RADIUS`` sds of λ₁'s (``first``; its marginal sds, root
+    mean square over coordinates), as the L-BFGS paths do: it is heading for the optimum
+    already certified (on posteriordb's gp_pois_regr and logearn_interaction it ended there
+    after up to 11,000 evaluations)."""
     o = setup.o
     setup.info["second_start_iterations"] = 0
+    family = setup.family
     cheap = setup._replace(o=_explore_options(o), explore_floor=floor, stein_only=True)
-    full = setup._replace(explore_floor=-np.inf)
+    sd = np.asarray(family.marginal_sd(first), dtype=float)
+    basin = near(np.array([family.mean(first)], dtype=float),
+                 1.0 / np.maximum(sd, np.finfo(float).tiny), BASIN_RADIUS)
+    full = setup._replace(explore_floor=-np.inf, explore_basin=basin)
     for explore, budget in ((cheap, o.second_start_iters), (full, o.fixed_stage_iters)):
         try:
             state = trustvi_fixed.start(explore, params)

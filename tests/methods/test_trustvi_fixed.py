@@ -322,6 +322,28 @@ def test_an_exploratory_run_still_climbing_goes_on_with_the_fit_s_options():
         assert info["second_start_iterations"] > cheap_iters or not continued
 
 
+def test_a_continuation_heading_for_the_certified_optimum_stops_in_its_basin(monkeypatch):
+    """The continuation stops once q's mean is within one of λ₁'s sds of λ₁'s mean: here λ₁
+    is the higher mode and the other start lies on its side, so the continuation heads there;
+    it stops sooner than with the basin test off (radius 0), and the fit keeps λ₁ either way."""
+    from stanvi.methods import trustvi_second_start  # noqa: PLC0415
+
+    target = _bimodal()
+    options = dataclasses.replace(DEFAULT, second_paths=0, second_start_iters=2)
+    iterations = {}
+    for radius in (trustvi_second_start.BASIN_RADIUS, 0.0):
+        monkeypatch.setattr(trustvi_second_start, "BASIN_RADIUS", radius)
+        setup, context = _setup(target, MeanField(1))
+        status, message, params, info = run_fixed(
+            options, setup.est, setup.family, setup.key, setup.ledger, Trace(),
+            np.array([3.0, math.log(0.5)]), [np.array([1.0, math.log(0.5)])], context,
+            start_elbo=-50.0, target=None)
+        assert status == "converged" and abs(params[0] - 3.0) < 0.05
+        assert info["second_start_continued"] and "second start" not in message
+        iterations[radius] = info["second_start_iterations"]
+    assert iterations[1.0] < iterations[0.0], iterations
+
+
 def test_a_cheap_run_levelled_off_far_below_is_not_continued():
     """The continuation is made only where the cheap run's climb over its last 10 iterations,
     kept up for ``fixed_stage_iters`` more, would pass the floor: the mean-field cheap run on
