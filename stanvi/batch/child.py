@@ -202,7 +202,8 @@ def reference_job(job: dict) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001
         return {"status": "data_error", "message": _first_lines(exc)}
     try:
-        return nuts_reference(case, data, Path(job["reference_path"]))
+        return nuts_reference(case, data, Path(job["reference_path"]),
+                              job.get("stored_attempts"))
     except Exception as exc:  # noqa: BLE001 — Stan's message names what is wrong
         return {"status": "error", "message": _first_lines(exc)}
 

@@ -172,7 +172,9 @@ def reference_task(case: ModelCase, compiled: dict[str, Any], runs_dir: str,
         return write_record(store, "reference", case.name, identity, {
             "status": "not_compiled",
             "message": f"{compiled.get('status')}: {compiled.get('message', '')}"})
-    job = {**case_job(case), "kind": "reference", "reference_path": str(path)}
+    job = {**case_job(case), "kind": "reference", "reference_path": str(path),
+           # a stored reference whose draws are missing here: regenerate the run it kept
+           "stored_attempts": (found or {}).get("attempts")}
     return write_record(store, "reference", case.name, identity, run_job(job, timeout))
 
 
