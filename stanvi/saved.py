@@ -183,7 +183,9 @@ def _diagnostics_from(ds, method: str) -> Diagnostics:
         warnings=list(json.loads(a.get("warnings", "[]"))),
         borderline=bool(a.get("borderline", False)),
         mean_shift=float(a.get("mean_shift", math.nan)),
-        mean_shift_at=int(a.get("mean_shift_at", -1)))
+        mean_shift_at=int(a.get("mean_shift_at", -1)),
+        # a fit saved before the means were read: the verdict's own reading where it passes q
+        means=str(a.get("means", "hold" if a["verdict"] != "unreliable" else "doubtful")))
 
 
 def _options_from(method: str, profile: str, stored: dict) -> Any:

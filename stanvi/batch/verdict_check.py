@@ -13,9 +13,13 @@ draws, and its stability across seeds (issue T3-5 item 1; docs/diagnostics.md#ch
   truth, *not usable*: off, or marginals more than ``USABLE_W1`` = 0.2 sd away in the
   1-Wasserstein distance (median over marginals) — the bar :mod:`stanvi.evaluation.compare`
   and the batch report's recommendation set for the marginals.
+* **The means, read apart.**  A record that keeps the reading of q's means
+  (``verdict_figures['means']``: hold < plausible < doubtful,
+  :func:`stanvi.diagnostics.verdict.means_reading`) is scored against *off* the same way: that
+  reading is the verdict's answer to the question *off* asks (docs/diagnostics.md#means).
 * **Across seeds.**  Among model–method pairs whose seeds' ELBOs (each fit's fresh diagnostic
   estimate) agree within ``ELBO_AGREE`` = 0.1 nat, the fraction whose seeds all get the same
-  verdict.
+  verdict (and, over records that keep it, the same verdict and reading of the means).
 
 Records written before "good" needed a decided band (stanvi.diagnostics.verdict) are read
 with that rule applied (:func:`current_verdict`: a borderline "good" is "use with care"; the
@@ -39,6 +43,7 @@ OFF_MEAN_ERROR = 0.2
 USABLE_W1 = 0.2
 ELBO_AGREE = 0.1
 BANDS = ("good", "use with care", "unreliable")
+MEANS = ("hold", "plausible", "doubtful")
 
 
 def roc_auc(score: Iterable[float], positive: Iterable[bool]) -> float:
@@ -82,6 +87,12 @@ def current_verdict(record: dict[str, Any]) -> str | None:
     return verdict
 
 
+def means_of(record: dict[str, Any]) -> str | None:
+    """The record's reading of q's means, or None for a record written before it was kept."""
+    means = (record.get("verdict_figures") or {}).get("means")
+    return means if means in MEANS else None
+
+
 def config(record: dict[str, Any]) -> str:
     """method:profile:family, the configuration a record ran."""
     return f"{record.get('method')}:{record.get('profile')}:{record.get('family')}"
@@ -101,10 +112,17 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     usable_table = {band: {"unusable": 0, "usable": 0} for band in BANDS}
     for r, bad in zip(rows, unusable):
         usable_table[r["verdict"]]["unusable" if bad else "usable"] += 1
+    read = [(MEANS.index(means_of(r)), o) for r, o in zip(rows, off) if means_of(r)]
+    means_table = {m: {"off": 0, "not off": 0} for m in MEANS}
+    for level, is_off in read:
+        means_table[MEANS[level]]["off" if is_off else "not off"] += 1
     return {"fits": len(rows), "off": int(sum(off)), "auc_verdict": roc_auc(score, off),
             "auc_khat": roc_auc(khat, off), "confusion": table,
             "unusable": int(sum(unusable)), "auc_verdict_usable": roc_auc(score, unusable),
-            "confusion_usable": usable_table}
+            "confusion_usable": usable_table, "means_fits": len(read),
+            "means_off": int(sum(o for _, o in read)),
+            "auc_means": roc_auc([lv for lv, _ in read], [o for _, o in read]),
+            "confusion_means": means_table}
 
 
 def stability(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -114,7 +132,7 @@ def stability(records: list[dict[str, Any]]) -> dict[str, Any]:
     for r in records:
         if r.get("verdict") in BANDS:
             by_pair[(r.get("model"), config(r))].append(r)
-    agreeing = same = 0
+    agreeing = same = read_pairs = same_read = 0
     flipped = []
     for (model, cfg), runs in sorted(by_pair.items()):
         elbos = [r.get("elbo") for r in runs]
@@ -124,12 +142,18 @@ def stability(records: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         agreeing += 1
         verdicts = sorted({r["verdict"] for r in runs})
-        if len(verdicts) == 1:
-            same += 1
-        else:
+        same += len(verdicts) == 1
+        if all(means_of(r) for r in runs):
+            read_pairs += 1
+            readings = sorted({f"{r['verdict']} (means {means_of(r)})" for r in runs})
+            same_read += len(readings) == 1
+            verdicts = readings
+        if len(verdicts) > 1:
             flipped.append(f"{model} {cfg}: {', '.join(verdicts)}")
     return {"pairs": agreeing, "same": same,
-            "fraction": same / agreeing if agreeing else math.nan, "flipped": flipped}
+            "fraction": same / agreeing if agreeing else math.nan, "flipped": flipped,
+            "means_pairs": read_pairs, "same_with_means": same_read,
+            "fraction_with_means": same_read / read_pairs if read_pairs else math.nan}
 
 
 def check(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -160,7 +184,11 @@ def check_stores(dirs: list[str | Path]) -> dict[str, Any]:
     return check(fit_records(dirs))
 
 
-def _line(label: str, a: dict[str, Any], usable: bool) -> str:
+def _line(label: str, a: dict[str, Any], usable: bool | str) -> str:
+    if usable == "means":
+        counts = "  ".join(f"{a['confusion_means'][m]['off']:5d}/{a['confusion_means'][m]['not off']:<5d}"
+                           for m in MEANS)
+        return f"{label:34s} {a['means_fits']:5d} {a['means_off']:6d}  {a['auc_means']:6.3f}   {counts}"
     if usable:
         counts = "  ".join(f"{a['confusion_usable'][b]['unusable']:5d}/{a['confusion_usable'][b]['usable']:<5d}"
                            for b in BANDS)
@@ -185,8 +213,20 @@ def report_text(figures: dict[str, Any]) -> str:
               f"{'configuration':34s} {'fits':>5s} {'unus.':>6s}  {'AUC':>6s}{bands}"]
     lines += [_line(c, a, True) for c, a in figures["by_config"].items()]
     lines.append(_line("all", figures["all"], True))
+    if figures["all"]["means_fits"]:
+        lines += ["", f"the means read apart (hold < plausible < doubtful) against off, over the "
+                  f"records that keep the reading. Per reading: off/not off",
+                  f"{'configuration':34s} {'fits':>5s} {'off':>6s}  {'AUC':>6s}"
+                  "   hold        plausible   doubtful"]
+        lines += [_line(c, a, "means") for c, a in figures["by_config"].items()
+                  if a["means_fits"]]
+        lines.append(_line("all", figures["all"], "means"))
     st = figures["stability"]
     lines.append(f"same verdict on every seed: {st['same']} of {st['pairs']} model-method pairs "
                  f"whose ELBOs agree within {ELBO_AGREE} nat ({100 * st['fraction']:.0f}%)")
+    if st["means_pairs"]:
+        lines.append(f"same verdict and reading of the means on every seed: "
+                     f"{st['same_with_means']} of {st['means_pairs']} such pairs whose records "
+                     f"keep the reading ({100 * st['fraction_with_means']:.0f}%)")
     lines += [f"  flipped: {f}" for f in st["flipped"][:20]]
     return "\n".join(lines)

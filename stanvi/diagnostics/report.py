@@ -66,24 +66,23 @@ weights is 1/Σ w_s².
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from stanvi.diagnostics.draws import (can_draw, diagnostic_draw_cap, diagnostic_draw_count,
                                      diagnostic_log_densities)
 from stanvi.diagnostics.psis import MIN_DRAWS, importance_ess, psis, resample_indices
-from stanvi.diagnostics.verdict import (MEAN_SHIFT_LIMIT, collapsed_coordinates, mean_shift,
-                                        open_boundaries, ratio_scale, sample_until_decided,
-                                        shift_figures, VERDICT_TEXT)
+from stanvi.diagnostics.result import Diagnostics
+from stanvi.diagnostics.verdict import (MAX_FAILED_FRACTION, MEAN_SHIFT_LIMIT,
+                                        collapsed_coordinates, mean_shift, means_reading,
+                                        newton_figures, newton_step, open_boundaries,
+                                        ratio_scale, sample_until_decided)
 
 # re-exported: defined here before, and the tests import them from this module
 from stanvi.diagnostics.psis import log_sum_exp, psislw  # noqa: F401
 
 VERDICTS = ("good", "use with care", "unreliable")
 GOOD_K = 0.5  # Yao et al. 2018: below 0.5 the approximation is close to the posterior
-MAX_FAILED_FRACTION = 0.01  # above it the verdict is 'unreliable' (module docstring)
 
 
 def tail_length(n_draws: int) -> int:
@@ -119,137 +118,6 @@ def verdict(khat: float, n_draws: int, failed_fraction: float = 0.0) -> str:
     if khat <= tau:
         return "use with care"
     return "unreliable"
-
-
-@dataclass
-class Diagnostics:
-    """Diagnostics of one fit.
-
-    Attributes:
-        khat: Pareto k̂ of the importance ratios p/q (−inf when they are constant), computed on
-            the S diagnostic draws; ``khat_se``: its standard error (1 + k̂)/√M.
-        threshold: τ(S) = min(1 − 1/log10 S, 0.7).
-        verdict: 'good' | 'use with care' | 'unreliable' (see the module docstring).
-        ess: effective sample size of the PSIS-smoothed importance weights of the diagnostic
-            draws; ``ess_raw``: of their raw weights.
-        n_draws: S (diagnostic draws); ``n_failed``: of them, draws whose log density was not
-            finite (outside the support, or the model threw); ``failed_fraction`` = n_failed/S;
-            ``failure_message``: the model's most frequent message at those draws.
-        n_output_draws: the fit's output draws, which ``log_weights`` refers to.
-        elbo, elbo_se: the ELBO estimated from the diagnostic draws (mean of log p − log q) and
-            its Monte Carlo standard error.
-        log_weights: normalized PSIS log weights of the *output* draws (n_output_draws,), for
-            reweighting and resampling them; ``log_ratios``: the raw log p − log q of the
-            diagnostic draws (S,).
-        status, message: how the method stopped.
-        warnings: what a user should know before using the fit.
-        resampled: when asked for, the PSIS-resampled draws (constrained, by variable name);
-            ``resampled_indices`` says which output draws they are.
-        borderline: k̂'s band was still open at the most draws (:mod:`stanvi.diagnostics.verdict`).
-        mean_shift: the largest PSIS shift of q's mean over the unconstrained coordinates, in
-            sds of q (NaN without the draws); ``mean_shift_at``: its coordinate; ``shifts``
-            and ``sd_ratios``: per coordinate, the shift and the PSIS-weighted sd over q's.
-    """
-
-    khat: float
-    threshold: float
-    verdict: str
-    ess: float
-    ess_raw: float
-    n_draws: int
-    n_failed: int
-    elbo: float
-    elbo_se: float
-    log_weights: np.ndarray = field(repr=False)
-    log_ratios: np.ndarray | None = field(default=None, repr=False)
-    khat_se: float = math.nan
-    failed_fraction: float = 0.0
-    failure_message: str = ""
-    n_output_draws: int = 0
-    status: str = ""
-    message: str = ""
-    method: str = ""
-    warnings: list[str] = field(default_factory=list)
-    resampled: dict[str, np.ndarray] | None = field(default=None, repr=False)
-    resampled_indices: np.ndarray | None = field(default=None, repr=False)
-    borderline: bool = False
-    mean_shift: float = math.nan
-    mean_shift_at: int = -1
-    shifts: np.ndarray | None = field(default=None, repr=False)
-    sd_ratios: np.ndarray | None = field(default=None, repr=False)
-
-    @property
-    def reliable(self) -> bool:
-        """True unless the verdict is 'unreliable'."""
-        return self.verdict != "unreliable"
-
-    def weighted_mean(self, values: np.ndarray) -> np.ndarray:
-        """PSIS-reweighted mean of per-draw values (S, ...) (Yao et al. 2018, §3)."""
-        v = np.asarray(values, dtype=float)
-        w = np.exp(self.log_weights)
-        w = np.where(np.isfinite(w), w, 0.0)
-        ok = np.isfinite(v).reshape(v.shape[0], -1).all(axis=1) & (w > 0)
-        w = np.where(ok, w, 0.0)
-        v = np.where(ok.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0.0)
-        return np.tensordot(w / w.sum(), v, axes=(0, 0))
-
-    def _khat_text(self) -> str:
-        if self.khat == -math.inf:
-            return "-inf (constant ratios)"
-        se = f" +/- {self.khat_se:.2f}" if np.isfinite(self.khat_se) else ""
-        return f"{self.khat:.2f}{se}" + (" (borderline)" if self.borderline else "")
-
-    def _failed_text(self) -> str:
-        msg = f' (model: "{self.failure_message}")' if self.failure_message else ""
-        return (f"log p is -inf or the model throws at {100.0 * self.failed_fraction:.1f}% of "
-                f"q's draws{msg}")
-
-    def one_line(self) -> str:
-        """A one-line verdict, as printed after a fit."""
-        stop = self.status + (" (not converged)" if self.status in ("budget", "max_iters") else "")
-        line = (f"{self.method or 'fit'} {stop}: Pareto k-hat {self._khat_text()} "
-                f"(threshold {self.threshold:.2f}, {self.n_draws} draws) -> {self.verdict}; "
-                f"importance ESS {self.ess:.0f}/{self.n_draws}")
-        if self.mean_shift > MEAN_SHIFT_LIMIT:
-            line += f"; PSIS moves q's mean by {self.mean_shift:.2f} of its sd"
-        if self.n_failed:
-            line += "; " + self._failed_text()
-        return line
-
-    def verdict_figures(self) -> dict[str, Any]:
-        """What the verdict was decided from (a batch record keeps them: docs/diagnostics.md#checked)."""
-        return {"n_draws": self.n_draws, "threshold": self.threshold,
-                "borderline": self.borderline, "mean_shift": self.mean_shift,
-                "failed_fraction": self.failed_fraction,
-                **shift_figures(self.shifts, self.sd_ratios)}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"khat": self.khat, "threshold": self.threshold, "verdict": self.verdict,
-                "khat_se": self.khat_se, "ess": self.ess, "ess_raw": self.ess_raw,
-                "n_draws": self.n_draws, "n_output_draws": self.n_output_draws,
-                "n_failed": self.n_failed, "failed_fraction": self.failed_fraction,
-                "failure_message": self.failure_message, "elbo": self.elbo, "elbo_se": self.elbo_se,
-                "status": self.status, "message": self.message, "method": self.method,
-                "borderline": self.borderline, "mean_shift": self.mean_shift,
-                "mean_shift_at": self.mean_shift_at, "warnings": list(self.warnings)}
-
-    def __str__(self) -> str:
-        lines = [
-            f"Pareto k-hat:     {self._khat_text()}   (threshold {self.threshold:.2f} for "
-            f"S = {self.n_draws} draws)",
-            f"verdict:          {self.verdict}   ({VERDICT_TEXT[self.verdict]})",
-            f"failed draws:     {self.n_failed} of {self.n_draws} "
-            f"({100.0 * self.failed_fraction:.2f}%; above {100 * MAX_FAILED_FRACTION:.0f}%: "
-            f"unreliable)" + (f': "{self.failure_message}"' if self.failure_message else ""),
-            f"importance ESS:   {self.ess:.0f} of {self.n_draws} "
-            f"({100.0 * self.ess / max(self.n_draws, 1):.0f}%; raw weights {self.ess_raw:.0f})",
-            f"mean shift:       {self.mean_shift:.3g} sd of q (PSIS-weighted mean against "
-            f"q's; above {MEAN_SHIFT_LIMIT}: unreliable)",
-            f"ELBO (draws):     {self.elbo:.6g} +/- {self.elbo_se:.2g}",
-            f"stopped:          {self.status}" + (f": {self.message}" if self.message else ""),
-        ]
-        lines += [f"warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
 
 
 def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: str = "",
@@ -300,11 +168,15 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
     borderline = not decided and bool(open_boundaries(k, khat_standard_error(float(k), n), tau))
     if v == "good" and borderline:   # 'good' only when k̂ is below 0.5 with confidence
         v = "use with care"
-    shifts, sd_ratios = (mean_shift(z, lw_diag) if z is not None and np.ndim(z) == 2 and n
-                         else (None, None))
+    has_z = z is not None and np.ndim(z) == 2 and n
+    shifts, sd_ratios = mean_shift(z, lw_diag) if has_z else (None, None)
+    steps, steps_se = newton_step(z, r) if has_z else (None, None)
     shift = float(np.max(shifts)) if shifts is not None and np.isfinite(shifts).any() else math.nan
     if shift > MEAN_SHIFT_LIMIT and v != "unreliable":
         v = "unreliable"
+    beyond = newton_figures(steps, steps_se).get("newton_step_beyond_noise", math.nan)
+    d_means = means_reading(v, beyond, fails=frac > MAX_FAILED_FRACTION,
+                            off_by_psis=shift > MEAN_SHIFT_LIMIT and k <= tau)
     warns: list[str] = []
     if status == "budget":
         warns.append("the method stopped because the oracle budget ran out, not because it "
@@ -346,7 +218,8 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
                        warnings=warns, khat_se=khat_standard_error(float(k), n),
                        failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out,
                        borderline=borderline, mean_shift=shift, shifts=shifts,
-                       sd_ratios=sd_ratios,
+                       sd_ratios=sd_ratios, means=d_means, newton_steps=steps,
+                       newton_steps_se=steps_se,
                        mean_shift_at=int(np.nanargmax(shifts)) if np.isfinite(shift) else -1)
 
 def decided_diagnostics(draw, first: int, cap: int, **kwargs) -> Diagnostics:
@@ -382,7 +255,7 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
         # k̂ = −inf, which said "good" for a q collapsed to a point (issue T3-2 item 4)
         names = list(getattr(getattr(fit, "target", None), "unconstrained_names", []) or [])
         labels = [names[i] if i < len(names) else f"coordinate {i + 1}" for i in collapsed[:5]]
-        d.verdict = "unreliable"
+        d.verdict, d.means = "unreliable", "doubtful"
         d.warnings.insert(0, f"q has collapsed to a point in {', '.join(labels)}"
                           f"{' ...' if len(collapsed) > 5 else ''} (its draws do not vary "
                           f"there): no posterior is a point, and k-hat cannot judge it")

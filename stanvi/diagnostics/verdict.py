@@ -29,6 +29,21 @@ records, docs/diagnostics.md#checked):
   at the records, not fitted to them; a smaller limit (0.1 was tried first) flipped eight
   schools' mean-field verdict from seed to seed (shifts 0.09–0.13 in log τ, whose mean is
   0.18–0.22 posterior sd off while the median over marginals is 0.06).
+
+**The means, read apart** (:func:`means_reading`; docs/diagnostics.md#means).  The verdict judges
+the whole of q: a mean-field q of a correlated posterior, centred right with sds several times
+too small, is "unreliable", and so is a q whose means are off.  Users need to tell the two
+apart, so the verdict comes with a reading of the means alone — ``hold`` (the verdict passes q),
+``plausible`` (it does not, but q is at a stationary point of its ELBO in the means and no
+draw-level check says the means are off) or ``doubtful``.  Stationarity is measured by the
+*Newton step* of q's means, t = Cov_q(log p − log q, z) / sd_q(z) per coordinate
+(:func:`newton_step`): by Stein's lemma, for a Gaussian q = N(m, Σ) of any covariance structure,
+E_q[(log p(z) − log q(z))(z − m)] = Σ E_q[∇ log p(z)] = Σ ∂ELBO/∂m (log q is quadratic in z, so
+its term vanishes), the step Newton's method with q's covariance takes in the means, which is
+zero at every optimum of the ELBO (Opper & Archambeau 2009, eq. 7).  It needs no gradient: the
+diagnostic draws' log p and log q give it, and it is the first-order term of the PSIS shift
+(Σ w_s z_s − z̄ ≈ Cov(r, z) for w ∝ e^r near 1) without the heavy tail of the weights, so its
+Monte Carlo error ≈ sd(r)/√S stays finite where k̂ is large.
 """
 
 from __future__ import annotations
@@ -46,6 +61,22 @@ DECISION_Z = 1.645
 #: The largest PSIS mean shift, in sds of q, of a fit whose means can be used
 MEAN_SHIFT_LIMIT = 0.2
 GOOD_K = 0.5
+#: Above this fraction of failed draws the verdict is 'unreliable' (stanvi.diagnostics.report)
+MAX_FAILED_FRACTION = 0.01
+#: The largest Newton step of q's means (median over coordinates, in sds of q, beyond
+#: ``DECISION_Z`` standard errors) of a fit whose means are read as plausible
+NEWTON_STEP_LIMIT = 0.2
+#: The readings of q's means (:func:`means_reading`), best first
+MEANS_READINGS = ("hold", "plausible", "doubtful")
+
+MEANS_TEXT = {
+    "hold": "the verdict passes q: its means can be used",
+    "plausible": "q is at a stationary point of its ELBO and no draw-level check finds its "
+                 "means off: they are likely right, its sds and intervals are not",
+    "doubtful": "q is not at its ELBO's optimum in the means (a Newton step moves them by "
+                f"more than {NEWTON_STEP_LIMIT} of its sd), or the model fails at its draws: "
+                "do not use its means",
+}
 
 VERDICT_TEXT = {
     "good": "k-hat <= 0.5: q is close to the posterior",
@@ -121,6 +152,56 @@ def mean_shift(z: np.ndarray, log_weights: np.ndarray) -> tuple[np.ndarray, np.n
     safe = np.where(varies, sd, 1.0)
     shift = np.where(varies, np.abs(weighted_mean - zs.mean(axis=0)) / safe, 0.0)
     return shift, np.where(varies, weighted_sd / safe, 1.0)
+
+
+def newton_step(z: np.ndarray, log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per coordinate, the Newton step of q's means in sds of q, |Cov(r, z)| / sd(z) with
+    r = log p − log q (module docstring), and its Monte Carlo standard error, over the draws
+    whose r is finite; NaN without two such draws; coordinates along which the draws do not
+    vary get step 0."""
+    z = np.asarray(z, dtype=float)
+    r = np.asarray(log_ratios, dtype=float)
+    ok = np.isfinite(r) & np.isfinite(z).all(axis=1)
+    if ok.sum() < 2:
+        return np.full(z.shape[1], np.nan), np.full(z.shape[1], np.nan)
+    zc = z[ok] - z[ok].mean(axis=0)
+    rc = r[ok] - r[ok].mean()
+    sd = zc.std(axis=0)
+    safe = np.where(sd > 0, sd, 1.0)
+    n = int(ok.sum())
+    step = np.abs(rc @ zc) / n / safe
+    # the per-draw terms' sd, by the identity Var(x) = E[x²] − E[x]² (no (S, D) temporary)
+    second = (rc * rc) @ (zc * zc) / n / safe ** 2
+    se = np.sqrt(np.maximum(second - step ** 2, 0.0) / n)
+    return np.where(sd > 0, step, 0.0), np.where(sd > 0, se, 0.0)
+
+
+def newton_figures(step: np.ndarray | None, se: np.ndarray | None) -> dict[str, float]:
+    """Summaries of the Newton step (:func:`newton_step`) a batch record keeps: its median and
+    largest value over coordinates, and the median of what is left of it beyond ``DECISION_Z``
+    standard errors (the figure :func:`means_reading` decides on); empty without finite steps."""
+    if step is None or not np.isfinite(step).any():
+        return {}
+    beyond = np.maximum(step - DECISION_Z * se, 0.0)
+    return {"newton_step_median": float(np.nanmedian(step)),
+            "newton_step_max": float(np.nanmax(step)),
+            "newton_step_beyond_noise": float(np.nanmedian(beyond))}
+
+
+def means_reading(verdict: str, newton_beyond_noise: float, *, off_by_psis: bool = False,
+                  fails: bool = False, collapsed: bool = False) -> str:
+    """'hold', 'plausible' or 'doubtful' (module docstring; docs/diagnostics.md#means):
+    ``hold`` when the verdict is not 'unreliable'; ``doubtful`` when the Newton step of q's
+    means (median over coordinates, beyond its Monte Carlo error) exceeds
+    ``NEWTON_STEP_LIMIT`` or could not be computed, when PSIS moves the means by more than
+    ``MEAN_SHIFT_LIMIT`` where k̂ says its weights can be trusted (``off_by_psis``), when more
+    than 1% of q's draws fail (``fails``) or q has collapsed; else ``plausible``."""
+    if verdict != "unreliable":
+        return "hold"
+    if (collapsed or fails or off_by_psis
+            or not newton_beyond_noise <= NEWTON_STEP_LIMIT):   # NaN: not computed
+        return "doubtful"
+    return "plausible"
 
 
 def shift_figures(shifts: np.ndarray | None, sd_ratios: np.ndarray | None) -> dict[str, float]:

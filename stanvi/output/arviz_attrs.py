@@ -119,6 +119,7 @@ def fit_attrs(fit, diagnostics=None) -> dict[str, Any]:
             "pareto_k": float(diagnostics.khat),
             "pareto_k_threshold": float(diagnostics.threshold),
             "verdict": diagnostics.verdict,
+            "means": str(getattr(diagnostics, "means", "")),
             "ess_importance": float(diagnostics.ess),
             "pareto_k_se": float(getattr(diagnostics, "khat_se", float("nan"))),
             "n_diagnostic_draws": int(diagnostics.n_draws),

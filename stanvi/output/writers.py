@@ -220,6 +220,7 @@ def _footer_lines(fit, diagnostics) -> list[str]:
         lines += [f"stanvi_pareto_k = {diagnostics.khat:.4f}",
                   f"stanvi_pareto_k_threshold = {diagnostics.threshold:.4f}",
                   f"stanvi_verdict = {diagnostics.verdict}",
+                  f"stanvi_means = {diagnostics.means}",
                   f"stanvi_ess_importance = {diagnostics.ess:.1f}",
                   f"stanvi_elbo = {_fmt(diagnostics.elbo, 10)}"]
     return lines

@@ -420,5 +420,5 @@ def test_a_q_collapsed_to_a_point_is_never_good(load_target):
     assert not any("collapsed" in w for w in diagnose(fit).warnings)
     fit.unconstrained_draws = np.repeat(fit.unconstrained_draws[:1], 200, axis=0)
     d = diagnose(fit)
-    assert d.verdict == "unreliable"
+    assert d.verdict == "unreliable" and d.means == "doubtful"
     assert d.warnings[0].startswith("q has collapsed to a point in theta")

@@ -1,0 +1,102 @@
+"""The reading of q's means apart from the verdict (stanvi.diagnostics.verdict.means_reading,
+docs/diagnostics.md#means): the Newton step of the means from the diagnostic draws (Stein's
+lemma), and the rule that reads it."""
+
+import math
+
+import numpy as np
+import pytest
+
+from stanvi.diagnostics.report import compute
+from stanvi.diagnostics.verdict import (DECISION_Z, NEWTON_STEP_LIMIT, means_reading,
+                                        newton_figures, newton_step)
+
+
+def _gaussian_log_density(z, mean, cov):
+    prec = np.linalg.inv(cov)
+    d = z - mean
+    return -0.5 * np.einsum("si,ij,sj->s", d, prec, d) - 0.5 * np.linalg.slogdet(cov)[1]
+
+
+def test_the_newton_step_is_the_offset_of_a_gaussian_of_the_same_covariance():
+    # p = N(delta, S), q = N(0, S): log p - log q = delta' S^-1 z + c, so Cov(r, z) = delta
+    # exactly, and the step is |delta_i| / sd_i, correlations or not
+    cov = np.array([[1.0, 0.8, 0.3], [0.8, 2.0, -0.5], [0.3, -0.5, 0.5]])
+    delta = np.array([0.5, 0.0, -0.2])
+    rng = np.random.default_rng(5)
+    z = rng.multivariate_normal(np.zeros(3), cov, size=40000)
+    r = _gaussian_log_density(z, delta, cov) - _gaussian_log_density(z, np.zeros(3), cov)
+    step, se = newton_step(z, r)
+    expected = np.abs(delta) / np.sqrt(np.diag(cov))
+    assert np.all(np.abs(step - expected) < 4 * se + 1e-12)
+    assert np.all(se < 0.05)
+
+
+def test_the_newton_step_of_a_non_gaussian_target_by_steins_lemma():
+    # p ∝ exp(-z^4/4), q = N(mu, s^2): Cov(r, z) = s^2 E_q[-z^3] and E_q[z^3] = mu^3 + 3 mu s^2,
+    # so the step in sds of q is s |mu^3 + 3 mu s^2| (0.4824 here) — with no gradient evaluated
+    mu, s = 0.3, 0.8
+    rng = np.random.default_rng(9)
+    z = mu + s * rng.standard_normal((200000, 1))
+    r = -0.25 * z[:, 0] ** 4 + 0.5 * ((z[:, 0] - mu) / s) ** 2
+    step, se = newton_step(z, r)
+    assert abs(step[0] - s * abs(mu ** 3 + 3 * mu * s ** 2)) < 4 * se[0]
+    assert se[0] < 0.01
+
+
+def test_the_newton_step_skips_failed_draws_and_still_coordinates():
+    z = np.column_stack([np.arange(6.0), np.ones(6)])
+    r = np.array([0.0, 1.0, 2.0, 3.0, 4.0, -np.inf])   # the last draw failed
+    step, se = newton_step(z, r)
+    # over the five finite draws: Cov(r, z_0) = Var(0..4) = 2, sd(z_0) = sqrt(2)
+    assert step == pytest.approx([math.sqrt(2.0), 0.0]) and se[1] == 0.0
+    assert np.isnan(newton_step(z[:1], r[:1])[0]).all()
+
+
+def test_the_reading_of_the_means():
+    assert means_reading("good", math.nan) == "hold"
+    assert means_reading("use with care", 0.9) == "hold"
+    assert means_reading("unreliable", 0.05) == "plausible"
+    assert means_reading("unreliable", NEWTON_STEP_LIMIT) == "plausible"
+    assert means_reading("unreliable", NEWTON_STEP_LIMIT + 1e-9) == "doubtful"
+    assert means_reading("unreliable", math.nan) == "doubtful"     # not computed
+    assert means_reading("unreliable", 0.0, off_by_psis=True) == "doubtful"
+    assert means_reading("unreliable", 0.0, fails=True) == "doubtful"
+    assert means_reading("unreliable", 0.0, collapsed=True) == "doubtful"
+    figures = newton_figures(np.array([0.1, 0.5, 0.3]), np.array([0.01, 0.1, 0.5]))
+    assert figures["newton_step_median"] == pytest.approx(0.3)
+    assert figures["newton_step_max"] == pytest.approx(0.5)
+    # beyond DECISION_Z standard errors: 0.1 - 0.01645, 0.5 - 0.1645, max(0.3 - 0.8225, 0)
+    assert figures["newton_step_beyond_noise"] == pytest.approx(0.1 - DECISION_Z * 0.01)
+    assert newton_figures(None, None) == {}
+
+
+def _mean_field_of_correlated(offset_in_sd: float, rho: float = 0.95, n: int = 20000):
+    """log p, log q and z for p = N(0, [[1, rho], [rho, 1]]) and its mean-field optimum
+    q = N(mu, diag(1 - rho^2)) (sds sqrt(1 - rho^2) = 0.31 of p's), mu offset along z_0."""
+    cov = np.array([[1.0, rho], [rho, 1.0]])
+    sd = math.sqrt(1 - rho ** 2)
+    mu = np.array([offset_in_sd * sd, 0.0])
+    z = mu + sd * np.random.default_rng(2).standard_normal((n, 2))
+    log_q = _gaussian_log_density(z, mu, sd ** 2 * np.eye(2))
+    return _gaussian_log_density(z, np.zeros(2), cov), log_q, z
+
+
+def test_a_centred_mean_field_q_of_a_correlated_posterior_has_plausible_means():
+    # the case the verdict alone cannot tell from an off q: sds a third of p's, means right
+    d = compute(*_mean_field_of_correlated(0.0)[:2], z=_mean_field_of_correlated(0.0)[2])
+    assert d.verdict == "unreliable" and d.khat > d.threshold
+    assert d.means == "plausible"
+    assert newton_figures(d.newton_steps, d.newton_steps_se)["newton_step_median"] < 0.05
+    assert "(means plausible)" in d.one_line()
+    assert d.verdict_figures()["means"] == "plausible"
+
+
+def test_the_same_q_half_an_sd_off_has_doubtful_means():
+    # its Newton step: 0.5 in z_0 and 0.5 * rho in z_1 (Sigma_q P mu in sds of q), median 0.49
+    log_p, log_q, z = _mean_field_of_correlated(0.5)
+    d = compute(log_p, log_q, z=z)
+    figures = newton_figures(d.newton_steps, d.newton_steps_se)
+    assert figures["newton_step_median"] == pytest.approx(0.5 * (1 + 0.95) / 2, abs=0.03)
+    assert d.verdict == "unreliable" and d.means == "doubtful"
+    assert "means doubtful" in d.one_line() and "means:            doubtful" in str(d)
