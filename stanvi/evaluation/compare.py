@@ -14,8 +14,8 @@ the table gives:
   (:mod:`stanvi.evaluation.accuracy`), NUTS run here with 4 chains × 1,000 draws;
 * ``evaluations`` (every log density, gradient and Hessian-vector product the method evaluated
   at one point) and ``seconds`` (the method's wall time);
-* ``khat`` and ``verdict``: Pareto k̂ of log p − log q at the draws and its band
-  (docs/diagnostics.md).
+* ``khat``, ``verdict`` and ``means``: Pareto k̂ of log p − log q at the draws, its band and
+  the reading of q's means apart (hold / plausible / doubtful; docs/diagnostics.md#means).
 
 The recommendation (:func:`recommend`): among the approximations that ran to a normal status and
 whose verdict is not "unreliable" — with a reference, those (multi-path Pathfinder
@@ -26,7 +26,10 @@ report's rule, :mod:`stanvi.batch.recommend`); without one, those whose ELBO is 
 under :data:`QUICK_ENOUGH` seconds, count as equally fast, and of them the closest to the
 posterior is named (smallest W1 with a reference, else highest ELBO).  When none qualifies:
 NUTS.  Multi-path Pathfinder and NUTS have no single proposal density, so no ELBO or k̂: without
-a reference they are shown, not judged.
+a reference they are shown, not judged.  When none qualifies, the reason also names the
+approximation whose means alone read best (*plausible*: q is at its ELBO's optimum in the means
+and no check finds them off; with a reference, also within :data:`MEAN_ERROR_OK` sd of NUTS's),
+for a user who needs the posterior means only.
 """
 
 from __future__ import annotations
@@ -107,7 +110,8 @@ class Comparison:
         head = (f"{self.model}: {len(self.rows)} methods, seed {self.seed}"
                 + (", accuracy against NUTS (4 chains x 1000 draws)" if self.reference is not None
                    else ", no reference (pass reference='nuts' for accuracy)"))
-        cols = ["elbo", "mean_error_sd", "w1_sd", "evaluations", "seconds", "khat", "verdict"]
+        cols = ["elbo", "mean_error_sd", "w1_sd", "evaluations", "seconds", "khat", "verdict",
+                "means"]
         if self.reference is None:
             cols = [c for c in cols if c not in ("mean_error_sd", "w1_sd")]
         lines = [head, f"{'method':24s}" + "".join(f"{c:>14s}" for c in cols)]
@@ -186,7 +190,7 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
     from stanvi.targets.labelled import labelled_draws  # noqa: PLC0415
 
     row: dict[str, Any] = {"elbo": math.nan, "mean_error_sd": math.nan, "w1_sd": math.nan,
-                           "khat": math.nan, "verdict": None}
+                           "khat": math.nan, "verdict": None, "means": None}
     if method in STAN_METHODS:
         row["status"] = "ok"
         row["evaluations"] = int((result.gradient_evaluations or 0)
@@ -194,7 +198,7 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
         row["seconds"] = float(result.wall_time)
         if result.has_proposal_density:
             diag = _stan_verdict(result, target, seed)
-            row.update(khat=float(diag.khat), verdict=diag.verdict)
+            row.update(khat=float(diag.khat), verdict=diag.verdict, means=diag.means)
             if method == "pathfinder":
                 ratio = np.asarray(result.log_p) - np.asarray(result.log_q)
                 row["elbo"] = float(np.mean(ratio)) if np.all(np.isfinite(ratio)) else -math.inf
@@ -214,13 +218,26 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
         row["evaluations"] = int(sum((result.info.get("model_evaluations") or {}).values()))
         row["seconds"] = float(result.wall_time)
         diag = result.diagnostics()
-        row.update(khat=float(diag.khat), verdict=diag.verdict)
+        row.update(khat=float(diag.khat), verdict=diag.verdict, means=diag.means)
         row["elbo"] = float(result.elbo(n_draws=ELBO_DRAWS, seed=seed + 1)[0])
     if ref_draws is not None and method != "nuts":
         acc = marginal_accuracy(labelled_draws(result.draws), ref_draws)
         row.update(mean_error_sd=float(acc["mean_error_sd_median"]),
                    w1_sd=float(acc["w1_sd_median"]))
     return row
+
+
+def _means_only(rows: list[dict], with_reference: bool) -> str:
+    """The clause naming the approximation whose means alone read plausible (module
+    docstring), or ''."""
+    plausible = [r for r in rows if r.get("status") in ("ok", "converged")
+                 and r.get("means") == "plausible"
+                 and (not with_reference or r["mean_error_sd"] <= MEAN_ERROR_OK)]
+    if not plausible:
+        return ""
+    pick = min(plausible, key=lambda r: (r["seconds"], r["method"]))
+    return (f"; for the posterior means alone, {pick['method']}'s read plausible (its sds and "
+            f"intervals do not hold)")
 
 
 def recommend(rows: list[dict], with_reference: bool) -> tuple[str, str]:
@@ -241,7 +258,7 @@ def recommend(rows: list[dict], with_reference: bool) -> tuple[str, str]:
         rule = f"ELBO within {ELBO_WITHIN:g} nat of the best ({best:.4g}), k-hat not unreliable"
     if not good:
         return "NUTS", (f"no approximation qualifies ({rule}); sample the posterior with NUTS "
-                        f"(method='nuts')")
+                        f"(method='nuts')" + _means_only(vi, with_reference))
     fastest = min(r["seconds"] for r in good)
     quick = [r for r in good if r["seconds"] <= max(AS_FAST * fastest, QUICK_ENOUGH)]
     # among the equally fast, the closest to the posterior: the smaller W1 with a reference,

@@ -14,10 +14,10 @@ from stanvi.evaluation.compare import AS_FAST, QUICK_ENOUGH, label, parse_method
 
 
 def row(method, *, elbo=math.nan, me=math.nan, w1=math.nan, seconds=10.0, evaluations=100,
-        verdict="good", status="converged", khat=0.4):
+        verdict="good", status="converged", khat=0.4, means=None):
     return {"method": method, "elbo": elbo, "mean_error_sd": me, "w1_sd": w1,
             "seconds": seconds, "evaluations": evaluations, "verdict": verdict,
-            "status": status, "khat": khat}
+            "status": status, "khat": khat, "means": means}
 
 
 def test_without_a_reference_the_fastest_within_a_nat_of_the_best_elbo():
@@ -51,6 +51,20 @@ def test_with_a_reference_accuracy_decides_and_pathfinder_without_khat_counts():
     rows[0]["status"] = "failed"
     pick, reason = recommend(rows, with_reference=True)
     assert pick == "NUTS" and "no approximation qualifies" in reason
+    assert "means alone" not in reason
+
+
+def test_with_none_qualifying_the_reason_names_the_fit_whose_means_alone_read_plausible():
+    rows = [row("MF", me=0.04, w1=0.6, seconds=0.3, verdict="unreliable", means="plausible"),
+            row("MF2", me=0.03, w1=0.6, seconds=0.9, verdict="unreliable", means="plausible"),
+            row("ADVI", me=0.5, w1=0.7, seconds=0.1, verdict="unreliable", means="plausible"),
+            row("FR", me=0.6, w1=0.7, seconds=0.1, verdict="unreliable", means="doubtful")]
+    pick, reason = recommend(rows, with_reference=True)
+    # ADVI reads plausible but is 0.5 sd off NUTS: with a reference its means do not count
+    assert pick == "NUTS" and reason.endswith(
+        "; for the posterior means alone, MF's read plausible (its sds and intervals do not hold)")
+    pick, reason = recommend(rows, with_reference=False)
+    assert pick == "NUTS" and "means alone, ADVI's read plausible" in reason
 
 
 def test_method_specs_and_labels():
