@@ -123,14 +123,17 @@ def verdict(khat: float, n_draws: int, failed_fraction: float = 0.0) -> str:
 def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: str = "",
             method: str = "", messages: dict[int, str] | None = None,
             output_log_ratios: np.ndarray | None = None, z: np.ndarray | None = None,
-            decided: bool = True) -> Diagnostics:
+            decided: bool = True, gaussian: bool = True) -> Diagnostics:
     """Diagnostics from log p and log q at S draws from q.
 
     ``messages`` (row -> the model's message, as in :class:`~stanvi.targets.base.BatchResult`)
     names why the failed rows failed.  ``output_log_ratios``: log p − log q of the fit's output
     draws when those differ from these (the diagnostic) draws; ``log_weights`` are then theirs.
     ``z``: the draws (S, D) in unconstrained space, for the mean shift; ``decided``: False when
-    k̂'s band was still open at the most draws (:mod:`stanvi.diagnostics.verdict`).
+    k̂'s band was still open at the most draws (:mod:`stanvi.diagnostics.verdict`);
+    ``gaussian``: q is one Gaussian, so that the Newton step of its means can be read from the
+    draws (:func:`~stanvi.diagnostics.verdict.newton_step`; else the means of an unreliable fit
+    are doubtful).
     """
     log_p = np.asarray(log_p, dtype=float)
     log_q = np.asarray(log_q, dtype=float)
@@ -170,7 +173,7 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
         v = "use with care"
     has_z = z is not None and np.ndim(z) == 2 and n
     shifts, sd_ratios = mean_shift(z, lw_diag) if has_z else (None, None)
-    steps, steps_se = newton_step(z, r) if has_z else (None, None)
+    steps, steps_se = newton_step(z, r) if has_z and gaussian else (None, None)
     shift = float(np.max(shifts)) if shifts is not None and np.isfinite(shifts).any() else math.nan
     if shift > MEAN_SHIFT_LIMIT and v != "unreliable":
         v = "unreliable"
@@ -248,7 +251,8 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
         d = decided_diagnostics(
             lambda n, batch: diagnostic_log_densities(fit, n, batch=batch), first,
             diagnostic_draw_cap(fit.family.dim, first), status=fit.status,
-            message=fit.message, method=fit.method, output_log_ratios=out_r)
+            message=fit.message, method=fit.method, output_log_ratios=out_r,
+            gaussian=bool(getattr(fit.family, "gaussian", False)))
     collapsed = collapsed_coordinates(fit)
     if collapsed:
         # q has (nearly) no spread along some coordinate: its ratios can be constant there,

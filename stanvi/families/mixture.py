@@ -74,6 +74,8 @@ class GaussianMixture:
     mass_tol: float = 0.05
     init_spread: float = 2.0
     name: str = "mixture"
+    #: not one Gaussian: no Newton step of the means from Stein's lemma (docs/diagnostics.md#means)
+    gaussian: ClassVar[bool] = False
 
     # the family protocol (stanvi.families.protocol): the reparameterization gradient does not
     # reach the weights (the component choice is discrete), so the family names its own

@@ -71,6 +71,9 @@ class GaussianDefaults:
     #: a family whose poor steps come from its own parameterization says False
     #: (docs/algorithms.md#lowrank).
     stein_model_gives_way: ClassVar[bool] = True
+    #: q is one Gaussian, so Stein's lemma gives the Newton step of its means from its draws
+    #: (the verdict's reading of the means, docs/diagnostics.md#means)
+    gaussian: ClassVar[bool] = True
 
     @property
     def base_dim(self) -> int:

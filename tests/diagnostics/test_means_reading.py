@@ -100,3 +100,16 @@ def test_the_same_q_half_an_sd_off_has_doubtful_means():
     assert figures["newton_step_median"] == pytest.approx(0.5 * (1 + 0.95) / 2, abs=0.03)
     assert d.verdict == "unreliable" and d.means == "doubtful"
     assert "means doubtful" in d.one_line() and "means:            doubtful" in str(d)
+
+
+def test_a_q_that_is_not_one_gaussian_has_no_newton_step_to_read():
+    # Stein's lemma is a Gaussian's: for a mixture q the covariance of r and z is not a step
+    from stanvi.families.gaussian import FullRank, MeanField
+    from stanvi.families.lowrank import LowRank
+    from stanvi.families.mixture import GaussianMixture
+
+    assert MeanField.gaussian and FullRank.gaussian and LowRank.gaussian
+    assert not GaussianMixture.gaussian
+    log_p, log_q, z = _mean_field_of_correlated(0.0)
+    d = compute(log_p, log_q, z=z, gaussian=False)
+    assert d.verdict == "unreliable" and d.newton_steps is None and d.means == "doubtful"
