@@ -24,7 +24,7 @@ class Diagnostics:
         khat: Pareto k̂ of the importance ratios p/q (−inf when they are constant), computed on
             the S diagnostic draws; ``khat_se``: its standard error (1 + k̂)/√M.
         threshold: τ(S) = min(1 − 1/log10 S, 0.7).
-        verdict: 'good' | 'use with care' | 'unreliable' (see the module docstring).
+        verdict: 'good' | 'use with care' | 'unreliable' (:mod:`stanvi.diagnostics.report`).
         ess: effective sample size of the PSIS-smoothed importance weights of the diagnostic
             draws; ``ess_raw``: of their raw weights.
         n_draws: S (diagnostic draws); ``n_failed``: of them, draws whose log density was not
