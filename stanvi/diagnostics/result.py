@@ -133,7 +133,7 @@ class Diagnostics:
                 "borderline": self.borderline, "mean_shift": self.mean_shift,
                 "failed_fraction": self.failed_fraction, "means": self.means,
                 **shift_figures(self.shifts, self.sd_ratios),
-                **newton_figures(self.newton_steps, self.newton_steps_se)}
+                **newton_figures(self.newton_steps, self.newton_steps_se, self.sd_ratios)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"khat": self.khat, "threshold": self.threshold, "verdict": self.verdict,

@@ -176,16 +176,23 @@ def newton_step(z: np.ndarray, log_ratios: np.ndarray) -> tuple[np.ndarray, np.n
     return np.where(sd > 0, step, 0.0), np.where(sd > 0, se, 0.0)
 
 
-def newton_figures(step: np.ndarray | None, se: np.ndarray | None) -> dict[str, float]:
+def newton_figures(step: np.ndarray | None, se: np.ndarray | None,
+                   sd_ratios: np.ndarray | None = None) -> dict[str, float]:
     """Summaries of the Newton step (:func:`newton_step`) a batch record keeps: its median and
     largest value over coordinates, and the median of what is left of it beyond ``DECISION_Z``
-    standard errors (the figure :func:`means_reading` decides on); empty without finite steps."""
+    standard errors (the figure :func:`means_reading` decides on); with ``sd_ratios`` (the
+    PSIS-weighted sd over q's, :func:`mean_shift`) the same median in units of the weighted sd,
+    the importance-sampling estimate of the posterior's; empty without finite steps."""
     if step is None or not np.isfinite(step).any():
         return {}
     beyond = np.maximum(step - DECISION_Z * se, 0.0)
-    return {"newton_step_median": float(np.nanmedian(step)),
-            "newton_step_max": float(np.nanmax(step)),
-            "newton_step_beyond_noise": float(np.nanmedian(beyond))}
+    figures = {"newton_step_median": float(np.nanmedian(step)),
+               "newton_step_max": float(np.nanmax(step)),
+               "newton_step_beyond_noise": float(np.nanmedian(beyond))}
+    if sd_ratios is not None and np.isfinite(sd_ratios).any():
+        ratio = np.where(sd_ratios > 0, sd_ratios, np.nan)
+        figures["newton_step_beyond_noise_in_weighted_sd"] = float(np.nanmedian(beyond / ratio))
+    return figures
 
 
 def means_reading(verdict: str, newton_beyond_noise: float, *, off_by_psis: bool = False,
@@ -207,14 +214,15 @@ def means_reading(verdict: str, newton_beyond_noise: float, *, off_by_psis: bool
 def shift_figures(shifts: np.ndarray | None, sd_ratios: np.ndarray | None) -> dict[str, float]:
     """Summaries of the per-coordinate shifts (:func:`mean_shift`) a batch record keeps: the
     median shift, the shift in units of the PSIS-weighted sd (largest, median) and the
-    smallest and largest sd ratio; empty without finite shifts."""
+    smallest, median and largest sd ratio; empty without finite shifts."""
     if shifts is None or not np.isfinite(shifts).any():
         return {}
     in_weighted_sd = shifts / np.where(sd_ratios > 0, sd_ratios, np.nan)
     return {"mean_shift_median": float(np.nanmedian(shifts)),
             "shift_in_weighted_sd_max": float(np.nanmax(in_weighted_sd)),
             "shift_in_weighted_sd_median": float(np.nanmedian(in_weighted_sd)),
-            "sd_ratio_min": float(np.nanmin(sd_ratios)), "sd_ratio_max": float(np.nanmax(sd_ratios))}
+            "sd_ratio_min": float(np.nanmin(sd_ratios)), "sd_ratio_max": float(np.nanmax(sd_ratios)),
+            "sd_ratio_median": float(np.nanmedian(sd_ratios))}
 
 
 def collapsed_coordinates(fit) -> list[int]:

@@ -113,3 +113,10 @@ def test_a_q_that_is_not_one_gaussian_has_no_newton_step_to_read():
     log_p, log_q, z = _mean_field_of_correlated(0.0)
     d = compute(log_p, log_q, z=z, gaussian=False)
     assert d.verdict == "unreliable" and d.newton_steps is None and d.means == "doubtful"
+
+
+def test_the_newton_step_in_units_of_the_weighted_sd():
+    figures = newton_figures(np.array([0.4, 0.6, 0.2]), np.zeros(3), np.array([2.0, 1.0, 4.0]))
+    # beyond the (zero) noise: 0.4, 0.6, 0.2; over the weighted sds' ratios 2, 1, 4: 0.2, 0.6, 0.05
+    assert figures["newton_step_beyond_noise"] == pytest.approx(0.4)
+    assert figures["newton_step_beyond_noise_in_weighted_sd"] == pytest.approx(0.2)
