@@ -170,12 +170,19 @@ def check(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def fit_records(dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """The fit records of batch stores (``posteriordb_runs/records/<run>``)."""
+    """The fit records of batch stores (``posteriordb_runs/records/<run>``).  A fit scored
+    against a NUTS reference that failed its checks (the store's reference record says
+    ``trustworthy: false``) keeps its verdict, for the seeds' agreement, but loses its accuracy:
+    the truth it would be judged against is not one."""
     from stanvi.batch.store import RunStore  # noqa: PLC0415
 
     records: list[dict] = []
     for d in dirs:
-        records += [r for r in RunStore(d).records("fit") if r.get("kind", "fit") == "fit"]
+        store = RunStore(d)
+        untrusted = {r.get("model") for r in store.records("reference")
+                     if r.get("status") == "ok" and not r.get("trustworthy")}
+        records += [r if r.get("model") not in untrusted else {**r, "accuracy": None}
+                    for r in store.records("fit") if r.get("kind", "fit") == "fit"]
     return records
 
 

@@ -177,8 +177,8 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
     shift = float(np.max(shifts)) if shifts is not None and np.isfinite(shifts).any() else math.nan
     if shift > MEAN_SHIFT_LIMIT and v != "unreliable":
         v = "unreliable"
-    beyond = newton_figures(steps, steps_se).get("newton_step_beyond_noise", math.nan)
-    d_means = means_reading(v, beyond, fails=frac > MAX_FAILED_FRACTION,
+    upper = newton_figures(steps, steps_se).get("newton_step_upper", math.nan)
+    d_means = means_reading(v, upper, fails=frac > MAX_FAILED_FRACTION,
                             off_by_psis=shift > MEAN_SHIFT_LIMIT and k <= tau)
     warns: list[str] = []
     if status == "budget":

@@ -106,8 +106,8 @@ class Diagnostics:
         if not figures:
             return "nan"
         return (f"{figures['newton_step_median']:.3g} sd of q (Newton's, median over coordinates; "
-                f"largest {figures['newton_step_max']:.3g}), "
-                f"{figures['newton_step_beyond_noise']:.3g} beyond its error")
+                f"largest {figures['newton_step_max']:.3g}), at most "
+                f"{figures['newton_step_upper']:.3g} by its error")
 
     def _failed_text(self) -> str:
         msg = f' (model: "{self.failure_message}")' if self.failure_message else ""

@@ -63,19 +63,19 @@ MEAN_SHIFT_LIMIT = 0.2
 GOOD_K = 0.5
 #: Above this fraction of failed draws the verdict is 'unreliable' (stanvi.diagnostics.report)
 MAX_FAILED_FRACTION = 0.01
-#: The largest Newton step of q's means (median over coordinates, in sds of q, beyond
-#: ``DECISION_Z`` standard errors) of a fit whose means are read as plausible
+#: The largest Newton step of q's means (median over coordinates of its upper bound, in sds
+#: of q, ``DECISION_Z`` standard errors above it) of a fit whose means are read as plausible
 NEWTON_STEP_LIMIT = 0.2
 #: The readings of q's means (:func:`means_reading`), best first
 MEANS_READINGS = ("hold", "plausible", "doubtful")
 
 MEANS_TEXT = {
     "hold": "the verdict passes q: its means can be used",
-    "plausible": "q is at a stationary point of its ELBO and no draw-level check finds its "
-                 "means off: they are likely right, its sds and intervals are not",
-    "doubtful": "q is not at its ELBO's optimum in the means (a Newton step moves them by "
-                f"more than {NEWTON_STEP_LIMIT} of its sd), or the model fails at its draws: "
-                "do not use its means",
+    "plausible": "q's draws show it at a stationary point of its ELBO and no draw-level check "
+                 "finds its means off: they are likely right, its sds and intervals are not",
+    "doubtful": "the draws do not show q at its ELBO's optimum in the means (a Newton step may "
+                f"move them by more than {NEWTON_STEP_LIMIT} of its sd), or the model fails at "
+                "its draws: do not use its means",
 }
 
 VERDICT_TEXT = {
@@ -179,34 +179,36 @@ def newton_step(z: np.ndarray, log_ratios: np.ndarray) -> tuple[np.ndarray, np.n
 def newton_figures(step: np.ndarray | None, se: np.ndarray | None,
                    sd_ratios: np.ndarray | None = None) -> dict[str, float]:
     """Summaries of the Newton step (:func:`newton_step`) a batch record keeps: its median and
-    largest value over coordinates, and the median of what is left of it beyond ``DECISION_Z``
-    standard errors (the figure :func:`means_reading` decides on); with ``sd_ratios`` (the
-    PSIS-weighted sd over q's, :func:`mean_shift`) the same median in units of the weighted sd,
-    the importance-sampling estimate of the posterior's; empty without finite steps."""
+    largest value over coordinates, and the median of its upper bound step + ``DECISION_Z``
+    standard errors (the figure :func:`means_reading` decides on: the step is small only where
+    the draws show it is); with ``sd_ratios`` (the PSIS-weighted sd over q's,
+    :func:`mean_shift`) that median in units of the weighted sd, the importance-sampling
+    estimate of the posterior's; empty without finite steps."""
     if step is None or not np.isfinite(step).any():
         return {}
-    beyond = np.maximum(step - DECISION_Z * se, 0.0)
+    upper = step + DECISION_Z * se
     figures = {"newton_step_median": float(np.nanmedian(step)),
                "newton_step_max": float(np.nanmax(step)),
-               "newton_step_beyond_noise": float(np.nanmedian(beyond))}
+               "newton_step_upper": float(np.nanmedian(upper))}
     if sd_ratios is not None and np.isfinite(sd_ratios).any():
         ratio = np.where(sd_ratios > 0, sd_ratios, np.nan)
-        figures["newton_step_beyond_noise_in_weighted_sd"] = float(np.nanmedian(beyond / ratio))
+        figures["newton_step_upper_in_weighted_sd"] = float(np.nanmedian(upper / ratio))
     return figures
 
 
-def means_reading(verdict: str, newton_beyond_noise: float, *, off_by_psis: bool = False,
+def means_reading(verdict: str, newton_upper: float, *, off_by_psis: bool = False,
                   fails: bool = False, collapsed: bool = False) -> str:
     """'hold', 'plausible' or 'doubtful' (module docstring; docs/diagnostics.md#means):
-    ``hold`` when the verdict is not 'unreliable'; ``doubtful`` when the Newton step of q's
-    means (median over coordinates, beyond its Monte Carlo error) exceeds
-    ``NEWTON_STEP_LIMIT`` or could not be computed, when PSIS moves the means by more than
-    ``MEAN_SHIFT_LIMIT`` where k̂ says its weights can be trusted (``off_by_psis``), when more
-    than 1% of q's draws fail (``fails``) or q has collapsed; else ``plausible``."""
+    ``hold`` when the verdict is not 'unreliable'; ``plausible`` when the draws show that the
+    Newton step of q's means is at most ``NEWTON_STEP_LIMIT`` (its upper bound, median over
+    coordinates, :func:`newton_figures`), PSIS does not move the means by more than
+    ``MEAN_SHIFT_LIMIT`` where k̂ says its weights can be trusted (``off_by_psis``), at most 1%
+    of q's draws fail (``fails``) and q has not collapsed; else ``doubtful`` (also where the
+    step could not be computed)."""
     if verdict != "unreliable":
         return "hold"
     if (collapsed or fails or off_by_psis
-            or not newton_beyond_noise <= NEWTON_STEP_LIMIT):   # NaN: not computed
+            or not newton_upper <= NEWTON_STEP_LIMIT):   # NaN: not computed
         return "doubtful"
     return "plausible"
 

@@ -82,3 +82,19 @@ def test_the_means_reading_is_scored_against_off_where_records_keep_it():
                              "unreliable (means plausible)"]
     text = report_text(figs)
     assert "the means read apart" in text and "same verdict and reading of the means" in text
+
+
+def test_fits_against_an_untrustworthy_reference_are_not_judged(tmp_path):
+    from stanvi.batch.store import RunStore
+    from stanvi.batch.verdict_check import fit_records
+
+    store = RunStore(tmp_path / "runs")
+    store.put("reference", "good", {"model": "good", "status": "ok", "trustworthy": True})
+    store.put("reference", "bad", {"model": "bad", "status": "ok", "trustworthy": False,
+                                   "message": "largest R-hat 1.5 > 1.01"})
+    for model in ("good", "bad", "pdb"):      # pdb: no NUTS reference record (posteriordb's)
+        for seed in (0, 1):
+            store.put("fit", f"{model}-{seed}", _rec(model, seed, "good", 0.05, -1.0))
+    figs = check(fit_records([tmp_path / "runs"]))
+    assert figs["all"]["fits"] == 4                    # good's and pdb's: judged
+    assert figs["stability"]["pairs"] == 3             # bad's seeds still count for stability

@@ -66,9 +66,19 @@ def test_the_reading_of_the_means():
     figures = newton_figures(np.array([0.1, 0.5, 0.3]), np.array([0.01, 0.1, 0.5]))
     assert figures["newton_step_median"] == pytest.approx(0.3)
     assert figures["newton_step_max"] == pytest.approx(0.5)
-    # beyond DECISION_Z standard errors: 0.1 - 0.01645, 0.5 - 0.1645, max(0.3 - 0.8225, 0)
-    assert figures["newton_step_beyond_noise"] == pytest.approx(0.1 - DECISION_Z * 0.01)
+    # DECISION_Z standard errors above: 0.1 + 0.01645, 0.5 + 0.1645, 0.3 + 0.8225; median
+    assert figures["newton_step_upper"] == pytest.approx(0.5 + DECISION_Z * 0.1)
     assert newton_figures(None, None) == {}
+
+
+def test_a_noisy_step_is_not_read_as_small():
+    # a far-off q's log ratios vary so much that its Newton step is known only to within a
+    # wide band: its means are doubtful, not plausible, even where the estimate itself is 0
+    log_p, log_q, z = _mean_field_of_correlated(0.0, n=2000)
+    noisy = log_p + 40.0 * np.random.default_rng(4).standard_normal(log_p.size)
+    d = compute(noisy, log_q, z=z)
+    figures = newton_figures(d.newton_steps, d.newton_steps_se)
+    assert figures["newton_step_upper"] > NEWTON_STEP_LIMIT and d.means == "doubtful"
 
 
 def _mean_field_of_correlated(offset_in_sd: float, rho: float = 0.95, n: int = 20000):
@@ -117,6 +127,6 @@ def test_a_q_that_is_not_one_gaussian_has_no_newton_step_to_read():
 
 def test_the_newton_step_in_units_of_the_weighted_sd():
     figures = newton_figures(np.array([0.4, 0.6, 0.2]), np.zeros(3), np.array([2.0, 1.0, 4.0]))
-    # beyond the (zero) noise: 0.4, 0.6, 0.2; over the weighted sds' ratios 2, 1, 4: 0.2, 0.6, 0.05
-    assert figures["newton_step_beyond_noise"] == pytest.approx(0.4)
-    assert figures["newton_step_beyond_noise_in_weighted_sd"] == pytest.approx(0.2)
+    # with no noise: 0.4, 0.6, 0.2; over the weighted sds' ratios 2, 1, 4: 0.2, 0.6, 0.05
+    assert figures["newton_step_upper"] == pytest.approx(0.4)
+    assert figures["newton_step_upper_in_weighted_sd"] == pytest.approx(0.2)
