@@ -88,9 +88,11 @@ def current_verdict(record: dict[str, Any]) -> str | None:
 
 
 def means_of(record: dict[str, Any]) -> str | None:
-    """The record's reading of q's means, or None for a record written before it was kept."""
-    means = (record.get("verdict_figures") or {}).get("means")
-    return means if means in MEANS else None
+    """The record's reading of q's means, or None for a record written before the reading was
+    decided on the Newton step's upper bound (``newton_step_upper``, kept since then)."""
+    figures = record.get("verdict_figures") or {}
+    means = figures.get("means")
+    return means if means in MEANS and "newton_step_upper" in figures else None
 
 
 def config(record: dict[str, Any]) -> str:

@@ -56,7 +56,7 @@ def test_a_borderline_good_record_is_read_as_use_with_care():
 
 def test_the_means_reading_is_scored_against_off_where_records_keep_it():
     def read(rec, means):
-        return {**rec, "verdict_figures": {"means": means}}
+        return {**rec, "verdict_figures": {"means": means, "newton_step_upper": 0.1}}
     records = [read(_rec("a", 0, "good", 0.05, -1.0), "hold"),
                read(_rec("a", 1, "good", 0.05, -1.02), "hold"),
                # unreliable with right means (a narrow mean-field q) and with means off
@@ -64,17 +64,19 @@ def test_the_means_reading_is_scored_against_off_where_records_keep_it():
                read(_rec("b", 1, "unreliable", 0.1, -2.05, 0.9, w1=0.5), "doubtful"),
                read(_rec("c", 0, "unreliable", 0.9, -3.0, 1.5), "doubtful"),
                read(_rec("c", 1, "unreliable", 0.3, -3.5, 1.2), "plausible"),
-               _rec("e", 0, "unreliable", 0.7, -4.0, 1.1)]          # written before the reading
+               _rec("e", 0, "unreliable", 0.7, -4.0, 1.1),          # written before the reading
+               {**_rec("e", 1, "unreliable", 0.7, -4.5, 1.1),         # ... or before its rule
+                "verdict_figures": {"means": "plausible", "newton_step_beyond_noise": 0.0}}]
     figs = check(records)
     a = figs["all"]
-    assert a["fits"] == 7 and a["means_fits"] == 6 and a["means_off"] == 2
+    assert a["fits"] == 8 and a["means_fits"] == 6 and a["means_off"] == 2
     assert a["confusion_means"] == {"hold": {"off": 0, "not off": 2},
                                     "plausible": {"off": 1, "not off": 1},
                                     "doubtful": {"off": 1, "not off": 1}}
     # off readings (2, 1) against (0, 0, 1, 2): c0 beats 3 and ties 1, c1 beats 2 and ties 1
     assert a["auc_means"] == pytest.approx((3.5 + 2.5) / 8)
-    # the verdict alone puts all four unreliable fits level: off (2, 2, 2 for e) vs (0, 0, 2, 2)
-    assert a["auc_verdict"] == pytest.approx((3 * 2 + 3 * 2 * 0.5) / 12)
+    # the verdict alone puts the unreliable fits level: off (2, 2, 2, 2 for e) vs (0, 0, 2, 2)
+    assert a["auc_verdict"] == pytest.approx((4 * 2 + 4 * 2 * 0.5) / 16)
     st = figs["stability"]
     assert st["pairs"] == 2 and st["same"] == 2          # a and b; c's ELBOs differ by 0.5
     assert st["means_pairs"] == 2 and st["same_with_means"] == 1
