@@ -340,7 +340,8 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
         model_rows_ = [{**r, "method": label(r["config"]), "ok_runs": f"{r['ok']} / {r['runs']}"}
                        for r in rows_of.get(model, [])]
         page.append(
-            f"<details><summary><b>{html.escape(model)}</b> (D = {dims.get(model, '?')}): "
+            f"<details id='{rp.model_anchor(model)}'><summary><b>{html.escape(model)}</b> "
+            f"(D = {dims.get(model, '?')}): "
             f"{html.escape(label(rec['config']) if rec['config'] else 'not judged')}"
             f"{' (means only)' if rec['level'] == 'means' else ''}"
             f"</summary><p class='why'>{html.escape(rec['why'])}.{ref_text}</p>"

@@ -34,7 +34,17 @@ SORT_SCRIPT = (
     "key(b); const d = (typeof x === 'number' && typeof y === 'number') ? x - y : String(x)."
     "localeCompare(String(y)); return asc ? d : -d; }).forEach(r => tb.appendChild(r)); }));"
     "window.addEventListener('load', () => { document.body.dataset.imagesLoaded = "
-    "[...document.images].filter(i => i.complete && i.naturalWidth > 0).length; });")
+    "[...document.images].filter(i => i.complete && i.naturalWidth > 0).length; });"
+    # a link to a model's section (index.html#model-...) opens it and scrolls to it
+    "const openHash = () => { const d = location.hash && document.getElementById("
+    "decodeURIComponent(location.hash.slice(1))); if (d && d.tagName === 'DETAILS') { d.open "
+    "= true; d.scrollIntoView(); } }; window.addEventListener('hashchange', openHash); "
+    "window.addEventListener('load', openHash);")
+
+
+def model_anchor(model: str) -> str:
+    """The id of a model's section on the page (``index.html#model-ARM-Ch.10-...`` opens it)."""
+    return "model-" + re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-")
 
 
 def seconds(v) -> str:

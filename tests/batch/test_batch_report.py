@@ -95,6 +95,8 @@ def test_report_tables(runs):
                    "Mean error (sd)", "Run time per fit"):
         assert needle in page
     assert str(runs.parent) not in page   # no absolute path of the producing machine
+    # each model's section can be linked to (index.html#model-m1 opens it)
+    assert "<details id='model-m1'>" in page and "openHash" in page
     for img in ("accuracy.png", "traces.png", "evaluations.png"):
         assert (out / img).stat().st_size > 5000
     # one model's protocol ratio kept: no CDF of speed-ups (an empty-looking panel)

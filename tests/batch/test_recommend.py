@@ -7,9 +7,11 @@ from __future__ import annotations
 from stanvi.batch.recommend import label, recommend
 
 
-def row(config, mean_error, w1, time, runs=3, ok=3, evals=1000):
+def row(config, mean_error, w1, time, runs=3, ok=3, evals=1000, worst=None):
+    worst_me, worst_w1 = worst if worst is not None else (mean_error, w1)
     return {"config": config, "mean_error_sd": mean_error, "w1_sd": w1, "runs": runs, "ok": ok,
-            "median_run_time": time, "median_draw_evaluations": evals}
+            "median_run_time": time, "median_draw_evaluations": evals,
+            "worst_mean_error_sd": worst_me, "worst_w1_sd": worst_w1}
 
 
 NUTS = row("nuts:diag:none", None, None, 5.0)
@@ -29,6 +31,20 @@ def test_a_method_that_failed_on_one_seed_is_not_recommended():
     rows = [row("pathfinder:single:none", 0.01, 0.05, 0.01, ok=2),
             row("trustvi:default:fullrank", 0.02, 0.05, 0.05), NUTS]
     assert recommend(rows)["config"] == "trustvi:default:fullrank"
+
+
+def test_a_method_far_off_on_one_seed_is_not_recommended():
+    # right on two seeds of three (the median) and 2 sd off on the third: ARM/Ch.3's
+    # kidiq_interaction, single-path Pathfinder, seed 2
+    rows = [row("pathfinder:single:none", 0.097, 0.11, 0.003, worst=(2.0, 2.1)),
+            row("trustvi:default:fullrank", 0.033, 0.042, 0.41, worst=(0.04, 0.05)), NUTS]
+    rec = recommend(rows)
+    assert rec["config"] == "trustvi:default:fullrank"
+    assert "(median over seeds; worst seed 0.04 and 0.05)" in rec["why"]
+    assert "on each of 3 seeds" in rec["why"]
+    # a seed without accuracy figures cannot count as accurate
+    rows[1]["worst_w1_sd"] = float("inf")
+    assert recommend(rows)["level"] == "means"
 
 
 def test_means_only_and_nuts_fallbacks():
