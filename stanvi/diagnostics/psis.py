@@ -153,10 +153,19 @@ def psis(log_ratios: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, float]
     # Failed draws sit at the bottom of the ratios (arviz-stats' handling, kept).
     shifted = np.where(finite, r, np.min(r[finite]) - 1e3)
     try:
-        lw, k = psislw(shifted)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # handled below
+            lw, k = psislw(shifted)
     except ValueError:  # the tail is flat: every tail ratio equal
         lw = shifted - np.logaddexp.reduce(shifted)
         k = -math.inf
+    if np.isnan(lw).any():
+        # the tail spans more than exp's range (the largest ratio exceeds most of the others by
+        # e^700 and more: a q far too wide, ratios spread over thousands of nats): the GPD fit
+        # on exp(tail) breaks down in floating point (arviz-stats' too) and gave a finite,
+        # small k̂ with NaN weights, which read "good".  Such a tail is as heavy as any: k̂ = inf,
+        # the raw weights (in effect, all on the largest ratio).
+        lw = shifted - np.logaddexp.reduce(shifted)
+        k = math.inf
     lw = np.where(finite, np.asarray(lw, dtype=float), -np.inf)
     lw = lw - np.logaddexp.reduce(lw[finite])
     return lw, float(k)

@@ -169,10 +169,12 @@ def newton_step(z: np.ndarray, log_ratios: np.ndarray) -> tuple[np.ndarray, np.n
     sd = zc.std(axis=0)
     safe = np.where(sd > 0, sd, 1.0)
     n = int(ok.sum())
-    step = np.abs(rc @ zc) / n / safe
-    # the per-draw terms' sd, by the identity Var(x) = E[x²] − E[x]² (no (S, D) temporary)
-    second = (rc * rc) @ (zc * zc) / n / safe ** 2
-    se = np.sqrt(np.maximum(second - step ** 2, 0.0) / n)
+    with np.errstate(over="ignore", invalid="ignore"):   # a diverged q: inf, read as doubtful
+        step = np.abs(rc @ zc) / n / safe
+        # the per-draw terms' sd, by the identity Var(x) = E[x²] − E[x]² (no (S, D) temporary)
+        second = (rc * rc) @ (zc * zc) / n / safe ** 2
+        se = np.sqrt(np.maximum(second - step ** 2, 0.0) / n)
+        se = np.where(np.isfinite(second), se, np.inf)
     return np.where(sd > 0, step, 0.0), np.where(sd > 0, se, 0.0)
 
 

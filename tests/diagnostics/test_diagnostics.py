@@ -422,3 +422,21 @@ def test_a_q_collapsed_to_a_point_is_never_good(load_target):
     d = diagnose(fit)
     assert d.verdict == "unreliable" and d.means == "doubtful"
     assert d.warnings[0].startswith("q has collapsed to a point in theta")
+
+
+def test_ratios_spread_over_thousands_of_nats_are_not_good():
+    """Stan's full-rank ADVI on example-models' radon_vary_intercept_nofloor_chr (seed 2): q
+    168x too wide, log p - log q from -22,400 to -3,450 on its 1,000 draws, the 95 tail ratios
+    0 to -800 nats below the largest.  exp() of the lower tail is denormal or zero, the GPD
+    fit broke down in floating point (arviz-stats' too), gave k-hat 0.048 with NaN weights, and
+    the verdict read "good" for a fit 131 posterior sds off."""
+    from stanvi.diagnostics.psis import psislw  # noqa: PLC0415
+    from stanvi.diagnostics.report import compute  # noqa: PLC0415
+
+    r = -3448.0 - 10.4 * np.arange(1000.0)       # rank 71 of the tail at -738 nats: denormal
+    with np.errstate(all="ignore"):
+        raw_lw, raw_k = psislw(r - r.max())
+    assert raw_k < 0.5 and np.isnan(raw_lw).all()             # the transcription's breakdown
+    d = compute(r, np.zeros(1000), z=np.random.default_rng(0).standard_normal((1000, 3)))
+    assert d.khat == np.inf and d.verdict == "unreliable" and d.means == "doubtful"
+    assert not np.isnan(d.log_weights).any() and d.ess == pytest.approx(1.0, abs=1e-3)
