@@ -46,12 +46,16 @@ def diagnostic_draw_cap(dim: int, first: int) -> int:
 class DiagnosticSample(NamedTuple):
     """Draws z (S, D) from q with their log p (−inf where the model failed), log q and the
     model's messages at the failed rows (row → message); z is None where S · D is above
-    ``KEEP_Z_ENTRIES`` (then no mean shift is computed)."""
+    ``KEEP_Z_ENTRIES`` (then no mean shift is computed).  ``eps``: the standard normal draws
+    ε (S, D) with z = m + A ε of a Gaussian q with a square A (mean-field, full-rank, Stan's
+    ADVI and Pathfinder), for the curvature along the Newton step
+    (:func:`stanvi.diagnostics.verdict.newton_curvature`); None otherwise or where z is."""
 
     log_p: np.ndarray
     log_q: np.ndarray
     messages: dict
     z: np.ndarray
+    eps: np.ndarray | None = None
 
 
 def can_draw(fit) -> bool:
@@ -83,7 +87,7 @@ def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None =
     parts = []
     for start in range(0, n, rows):
         block = _block(target, family, params, rng.standard_normal((min(rows, n - start), width)))
-        parts.append(block if keep_z else block._replace(z=None))
+        parts.append(block if keep_z else block._replace(z=None, eps=None))
     return merge_blocks(parts)
 
 
@@ -97,8 +101,10 @@ def merge_blocks(parts: list[DiagnosticSample]) -> DiagnosticSample:
         messages.update({offset + int(row): text for row, text in part.messages.items()})
         offset += len(part.log_p)
     z = None if any(p.z is None for p in parts) else np.concatenate([p.z for p in parts])
+    eps = (None if any(p.eps is None for p in parts)
+           else np.concatenate([p.eps for p in parts]))
     return DiagnosticSample(np.concatenate([p.log_p for p in parts]),
-                            np.concatenate([p.log_q for p in parts]), messages, z)
+                            np.concatenate([p.log_q for p in parts]), messages, z, eps)
 
 
 def _block(target, family, params: np.ndarray, eps: np.ndarray) -> DiagnosticSample:
@@ -108,6 +114,8 @@ def _block(target, family, params: np.ndarray, eps: np.ndarray) -> DiagnosticSam
         # log q(z) in NumPy, no JAX program to compile on a first fit
         z = family.sample_np(params, eps)
         log_q = family.log_q_eps_np(params, eps)
+        if int(family.base_dim) == int(family.dim):    # A square: ε is q's whitened z
+            return evaluated(target, np.asarray(z, dtype=float), log_q)._replace(eps=eps)
     else:
         import jax.numpy as jnp  # noqa: PLC0415
 
@@ -123,7 +131,8 @@ def evaluated(target, z: np.ndarray, log_q: np.ndarray) -> DiagnosticSample:
     log_p = np.asarray(res.log_density, dtype=float)
     if res.ok is not None:
         log_p = np.where(np.asarray(res.ok, dtype=bool), log_p, -np.inf)
-    return DiagnosticSample(log_p, np.asarray(log_q, dtype=float), dict(res.messages or {}), z)
+    return DiagnosticSample(log_p, np.asarray(log_q, dtype=float), dict(res.messages or {}), z,
+                            None)
 
 
 def gaussian_draws(target, mean: np.ndarray, chol: np.ndarray, seed: int):
@@ -141,5 +150,5 @@ def gaussian_draws(target, mean: np.ndarray, chol: np.ndarray, seed: int):
         eps = rng.standard_normal((int(n), dim))
         z = mean + eps @ chol.T
         log_q = -0.5 * np.sum(eps * eps, axis=1) - log_det - 0.5 * dim * np.log(2.0 * np.pi)
-        return evaluated(target, z, log_q)
+        return evaluated(target, z, log_q)._replace(eps=eps)
     return draw

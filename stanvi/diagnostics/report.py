@@ -75,8 +75,8 @@ from stanvi.diagnostics.psis import MIN_DRAWS, importance_ess, psis, resample_in
 from stanvi.diagnostics.result import Diagnostics
 from stanvi.diagnostics.verdict import (MAX_FAILED_FRACTION, MEAN_SHIFT_LIMIT,
                                         collapsed_coordinates, mean_shift, means_reading,
-                                        newton_figures, newton_step, open_boundaries,
-                                        ratio_scale, sample_until_decided)
+                                        newton_curvature, newton_figures, newton_step,
+                                        open_boundaries, ratio_scale, sample_until_decided)
 
 # re-exported: defined here before, and the tests import them from this module
 from stanvi.diagnostics.psis import log_sum_exp, psislw  # noqa: F401
@@ -123,7 +123,8 @@ def verdict(khat: float, n_draws: int, failed_fraction: float = 0.0) -> str:
 def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: str = "",
             method: str = "", messages: dict[int, str] | None = None,
             output_log_ratios: np.ndarray | None = None, z: np.ndarray | None = None,
-            decided: bool = True, gaussian: bool = True) -> Diagnostics:
+            decided: bool = True, gaussian: bool = True,
+            eps: np.ndarray | None = None) -> Diagnostics:
     """Diagnostics from log p and log q at S draws from q.
 
     ``messages`` (row -> the model's message, as in :class:`~stanvi.targets.base.BatchResult`)
@@ -133,7 +134,8 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
     k̂'s band was still open at the most draws (:mod:`stanvi.diagnostics.verdict`);
     ``gaussian``: q is one Gaussian, so that the Newton step of its means can be read from the
     draws (:func:`~stanvi.diagnostics.verdict.newton_step`; else the means of an unreliable fit
-    are doubtful).
+    are doubtful); ``eps``: their standard normal draws ε (z = m + L ε, L square), for the
+    curvature along the Newton step (:func:`~stanvi.diagnostics.verdict.newton_curvature`).
     """
     log_p = np.asarray(log_p, dtype=float)
     log_q = np.asarray(log_q, dtype=float)
@@ -174,6 +176,8 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
     has_z = z is not None and np.ndim(z) == 2 and n
     shifts, sd_ratios = mean_shift(z, lw_diag) if has_z else (None, None)
     steps, steps_se = newton_step(z, r) if has_z and gaussian else (None, None)
+    curvature = (newton_curvature(eps, r) if steps is not None and eps is not None
+                 and np.shape(eps) == np.shape(z) else None)
     shift = float(np.max(shifts)) if shifts is not None and np.isfinite(shifts).any() else math.nan
     if shift > MEAN_SHIFT_LIMIT and v != "unreliable":
         v = "unreliable"
@@ -222,7 +226,7 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
                        failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out,
                        borderline=borderline, mean_shift=shift, shifts=shifts,
                        sd_ratios=sd_ratios, means=d_means, newton_steps=steps,
-                       newton_steps_se=steps_se,
+                       newton_steps_se=steps_se, newton_curvature=curvature,
                        mean_shift_at=int(np.nanargmax(shifts)) if np.isfinite(shift) else -1)
 
 def decided_diagnostics(draw, first: int, cap: int, **kwargs) -> Diagnostics:
@@ -232,7 +236,7 @@ def decided_diagnostics(draw, first: int, cap: int, **kwargs) -> Diagnostics:
     sample, decided = sample_until_decided(draw, first, cap, khat_threshold,
                                            khat_standard_error, MAX_FAILED_FRACTION)
     return compute(sample.log_p, sample.log_q, messages=sample.messages, z=sample.z,
-                   decided=decided, **kwargs)
+                   eps=sample.eps, decided=decided, **kwargs)
 
 
 def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,

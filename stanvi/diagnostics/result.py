@@ -47,7 +47,10 @@ class Diagnostics:
         means: the reading of q's means alone, 'hold' | 'plausible' | 'doubtful'
             (:func:`stanvi.diagnostics.verdict.means_reading`; docs/diagnostics.md#means);
             ``newton_steps`` and ``newton_steps_se``: per coordinate, the Newton step of q's
-            means in sds of q and its Monte Carlo standard error, which it is read from.
+            means in sds of q and its Monte Carlo standard error, which it is read from;
+            ``newton_curvature``: the ELBO's curvature along that step in units of q's and its
+            standard error (:func:`stanvi.diagnostics.verdict.newton_curvature`), where the
+            draws' ε were kept.
     """
 
     khat: float
@@ -79,6 +82,7 @@ class Diagnostics:
     means: str = "doubtful"
     newton_steps: np.ndarray | None = field(default=None, repr=False)
     newton_steps_se: np.ndarray | None = field(default=None, repr=False)
+    newton_curvature: tuple[float, float] | None = None
 
     @property
     def reliable(self) -> bool:
@@ -133,7 +137,8 @@ class Diagnostics:
                 "borderline": self.borderline, "mean_shift": self.mean_shift,
                 "failed_fraction": self.failed_fraction, "means": self.means,
                 **shift_figures(self.shifts, self.sd_ratios),
-                **newton_figures(self.newton_steps, self.newton_steps_se, self.sd_ratios)}
+                **newton_figures(self.newton_steps, self.newton_steps_se, self.sd_ratios,
+                                 self.newton_curvature)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"khat": self.khat, "threshold": self.threshold, "verdict": self.verdict,

@@ -48,6 +48,7 @@ Monte Carlo error ≈ sd(r)/√S stays finite where k̂ is large.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -178,20 +179,73 @@ def newton_step(z: np.ndarray, log_ratios: np.ndarray) -> tuple[np.ndarray, np.n
     return np.where(sd > 0, step, 0.0), np.where(sd > 0, se, 0.0)
 
 
+def newton_curvature(eps: np.ndarray, log_ratios: np.ndarray) -> tuple[float, float]:
+    """κ, the ELBO's curvature in q's means along the Newton step, in units of q's own, and its
+    Monte Carlo standard error (module docstring, *the curvature along the step*): with
+    z = m + L ε, second-order Stein gives E[r (εεᵀ − I)] = H + I for H = Lᵀ E[∇² log p] L, the
+    Hessian of the ELBO in whitened means, so κ = −uᵀHu = 1 − E[r ((ε·u)² − 1)] along
+    u = g / |g|, g = E[r ε] (the whitened gradient).  u is taken from one half of the draws and
+    κ averaged on the other, and the other way round (cross-fitting: a direction estimated from
+    the same draws would pick their noise).  κ = 1 where q's covariance is the posterior's
+    curvature; the Newton step of :func:`newton_step` assumes it, and the step is that one
+    divided by κ.  NaN without four draws whose r is finite."""
+    eps = np.asarray(eps, dtype=float)
+    r = np.asarray(log_ratios, dtype=float)
+    ok = np.isfinite(r) & np.isfinite(eps).all(axis=1)
+    eps, r = eps[ok], r[ok]
+    if r.size < 4:
+        return math.nan, math.nan
+    half = r.size // 2
+    terms = []
+    with np.errstate(over="ignore", invalid="ignore"):
+        for fit_rows, use_rows in ((slice(0, half), slice(half, None)),
+                                   (slice(half, None), slice(0, half))):
+            rc = r[fit_rows] - r[fit_rows].mean()
+            g = rc @ eps[fit_rows] / rc.size
+            norm = np.linalg.norm(g)
+            if not (np.isfinite(norm) and norm > 0):
+                return math.nan, math.nan
+            along = eps[use_rows] @ (g / norm)
+            terms.append((r[use_rows] - r[use_rows].mean()) * (along * along - 1.0))
+        terms = np.concatenate(terms)
+        kappa = float(1.0 - terms.mean())
+        se = float(terms.std() / math.sqrt(terms.size))
+    return kappa, se
+
+
+def curved_upper(upper: float, kappa: float, kappa_se: float) -> float:
+    """The upper bound of the Newton step with the curvature along it (:func:`newton_curvature`):
+    ``upper`` (:func:`newton_figures`) divided by κ's lower bound κ − ``DECISION_Z`` se; inf
+    where that bound is not positive (the ELBO may not curve down along the step); ``upper``
+    itself where κ is unknown (NaN)."""
+    if not (np.isfinite(kappa) and np.isfinite(kappa_se)):
+        return upper
+    lower = kappa - DECISION_Z * kappa_se
+    return upper / lower if lower > 0 else math.inf
+
+
 def newton_figures(step: np.ndarray | None, se: np.ndarray | None,
-                   sd_ratios: np.ndarray | None = None) -> dict[str, float]:
+                   sd_ratios: np.ndarray | None = None,
+                   curvature: tuple[float, float] | None = None) -> dict[str, float]:
     """Summaries of the Newton step (:func:`newton_step`) a batch record keeps: its median and
     largest value over coordinates, and the median of its upper bound step + ``DECISION_Z``
     standard errors (the figure :func:`means_reading` decides on: the step is small only where
     the draws show it is); with ``sd_ratios`` (the PSIS-weighted sd over q's,
     :func:`mean_shift`) that median in units of the weighted sd, the importance-sampling
-    estimate of the posterior's; empty without finite steps."""
+    estimate of the posterior's; with ``curvature`` (κ and its se, :func:`newton_curvature`)
+    both and the upper bound divided by κ's lower bound (:func:`curved_upper`); empty without
+    finite steps."""
     if step is None or not np.isfinite(step).any():
         return {}
     upper = step + DECISION_Z * se
     figures = {"newton_step_median": float(np.nanmedian(step)),
                "newton_step_max": float(np.nanmax(step)),
                "newton_step_upper": float(np.nanmedian(upper))}
+    if curvature is not None and np.isfinite(curvature[0]):
+        figures.update(newton_curvature=float(curvature[0]),
+                       newton_curvature_se=float(curvature[1]),
+                       newton_step_upper_curved=curved_upper(figures["newton_step_upper"],
+                                                             *curvature))
     if sd_ratios is not None and np.isfinite(sd_ratios).any():
         ratio = np.where(sd_ratios > 0, sd_ratios, np.nan)
         figures["newton_step_upper_in_weighted_sd"] = float(np.nanmedian(upper / ratio))

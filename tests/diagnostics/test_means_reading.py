@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from stanvi.diagnostics.report import compute
-from stanvi.diagnostics.verdict import (DECISION_Z, NEWTON_STEP_LIMIT, means_reading,
-                                        newton_figures, newton_step)
+from stanvi.diagnostics.verdict import (DECISION_Z, NEWTON_STEP_LIMIT, curved_upper,
+                                        means_reading, newton_curvature, newton_figures,
+                                        newton_step)
 
 
 def _gaussian_log_density(z, mean, cov):
@@ -130,3 +131,74 @@ def test_the_newton_step_in_units_of_the_weighted_sd():
     # with no noise: 0.4, 0.6, 0.2; over the weighted sds' ratios 2, 1, 4: 0.2, 0.6, 0.05
     assert figures["newton_step_upper"] == pytest.approx(0.4)
     assert figures["newton_step_upper_in_weighted_sd"] == pytest.approx(0.2)
+
+
+def test_the_curvature_along_the_step_of_a_full_rank_q_a_scaled_posterior():
+    # p = N(mu, S), q = N(m, c S) with L = chol(c S): the ELBO's Hessian in whitened means is
+    # L' (-S^-1) L = -c I, so kappa = c along any direction, the step Newton's method with q's
+    # covariance takes (Sigma_q grad = c (mu - m)) is c times the offset, and step / kappa is
+    # the offset itself in sds of q
+    cov = np.array([[1.0, 0.8, 0.3], [0.8, 2.0, -0.5], [0.3, -0.5, 0.5]])
+    mu, m, c = np.array([0.4, -0.3, 0.1]), np.zeros(3), 0.36
+    chol = np.linalg.cholesky(c * cov)
+    eps = np.random.default_rng(11).standard_normal((60000, 3))
+    z = m + eps @ chol.T
+    r = _gaussian_log_density(z, mu, cov) - _gaussian_log_density(z, m, c * cov)
+    kappa, se = newton_curvature(eps, r)
+    assert abs(kappa - c) < 4 * se and se < 0.02
+    step = newton_step(z, r)[0]
+    offset = np.abs(mu - m) / np.sqrt(np.diag(c * cov))
+    assert step / kappa == pytest.approx(offset, rel=0.1)
+
+
+def test_the_curvature_of_a_mean_field_q_too_wide_in_a_stiff_direction():
+    # p = N(0, diag(1, 0.01)), q = N(m, diag(0.5², 0.5²)): whitened curvatures 0.25 and 25; the
+    # step is almost all along the stiff coordinate, whose curvature kappa then reads (about 25),
+    # and divides the overstated step (0.5² · 0.05 / 0.01 / 0.5 = 2.5 sds of q) down to the
+    # offset itself (0.05 / 0.5 = 0.1)
+    sd_p, sd_q, m = np.array([1.0, 0.1]), np.array([0.5, 0.5]), np.array([0.0, 0.05])
+    eps = np.random.default_rng(3).standard_normal((40000, 2))
+    z = m + sd_q * eps
+    r = (-0.5 * np.sum((z / sd_p) ** 2, axis=1)) - (-0.5 * np.sum(eps ** 2, axis=1))
+    kappa, se = newton_curvature(eps, r)
+    assert abs(kappa - 25.0) < 4 * se + 0.5
+    step, step_se = newton_step(z, r)
+    assert step[1] == pytest.approx(2.5, rel=0.1)
+    assert step[1] / kappa == pytest.approx(0.1, rel=0.15)
+
+
+def test_the_curved_upper_bound():
+    assert curved_upper(0.3, 3.0, 0.0) == pytest.approx(0.1)
+    assert curved_upper(0.3, 3.0, 1.0) == pytest.approx(0.3 / (3.0 - DECISION_Z))
+    assert curved_upper(0.3, 0.1, 0.2) == math.inf          # may not curve down: no bound
+    assert curved_upper(0.3, math.nan, math.nan) == 0.3     # not computed: the plain bound
+    figures = newton_figures(np.array([0.4, 0.6, 0.2]), np.zeros(3), curvature=(2.0, 0.0))
+    assert figures["newton_step_upper_curved"] == pytest.approx(0.2)
+    assert figures["newton_curvature"] == 2.0 and figures["newton_curvature_se"] == 0.0
+    assert "newton_curvature" not in newton_figures(np.array([0.4]), np.zeros(1))
+
+
+def test_the_curvature_needs_draws_and_a_direction():
+    assert math.isnan(newton_curvature(np.zeros((3, 2)), np.zeros(3))[0])
+    # constant ratios (q is p): no gradient to follow
+    assert math.isnan(newton_curvature(np.ones((10, 2)), np.zeros(10))[0])
+
+
+def test_gaussian_diagnostic_draws_keep_eps_and_the_record_keeps_the_curvature():
+    # Stan's ADVI and Pathfinder are diagnosed from draws z = m + L ε (gaussian_draws): the
+    # verdict figures of such a fit carry kappa, here of q = N(0.2, 0.5²) against N(0, 1)
+    from stanvi.diagnostics.draws import gaussian_draws
+    from stanvi.diagnostics.report import decided_diagnostics
+
+    class Target:
+        def log_density(self, z):
+            from stanvi.targets.base import BatchResult
+            return BatchResult(log_density=-0.5 * np.sum(z * z, axis=1))
+
+    draw = gaussian_draws(Target(), np.array([0.2, 0.2]), 0.5 * np.eye(2), seed=1)
+    sample = draw(8000, 0)
+    assert sample.eps.shape == (8000, 2)
+    np.testing.assert_allclose(sample.z, 0.2 + 0.5 * sample.eps)
+    figures = decided_diagnostics(draw, 8000, 8000).verdict_figures()
+    kappa, se = figures["newton_curvature"], figures["newton_curvature_se"]
+    assert abs(kappa - 0.25) < 4 * se
