@@ -131,12 +131,16 @@ METHOD_COLUMNS = [("Method", "method", None), ("Models", "models", None),
 
 def _reason(message: str) -> str:
     """A failure message reduced to its kind: numbers, quoted values and paths blanked, cut at
-    the first sentence, so that the same failure on different models groups together."""
-    text = re.sub(r"(/[\w.\-]+)+", "…", message or "")
+    the first sentence, so that the same failure on different models groups together.  Stan's
+    progress lines in a message (``info: Success! Found best value [eta = 1] ...``, printed
+    before its ADVI gives up with code 70) are not the reason and are left out."""
+    lines = [ln for ln in (message or "").splitlines() if not ln.strip().startswith("info:")]
+    text = re.sub(r"(/[\w.\-]+)+", "…", " ".join(ln.strip() for ln in lines))
     text = re.sub(r"-?\d[\d.,e+\-]*", "#", text)
     # quoted values ('x', "y"), not apostrophes (Stan's, q's)
     text = re.sub(r"(?<!\w)'[^']*'(?!\w)|\"[^\"]*\"", "'…'", text)
-    return text.split(";")[0].split(". ")[0][:140].strip() or "(no message)"
+    text = re.sub(r"\b\w+(::\w+)+:\s*", "", text)     # C++ function names before Stan's messages
+    return text.split(";")[0].split(". ")[0][:200].strip() or "(no message)"
 
 
 def failure_rows(fits: list[dict], ok_statuses) -> list[dict]:

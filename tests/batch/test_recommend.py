@@ -63,3 +63,17 @@ def test_labels():
     assert label("pathfinder:multi:none") == "Pathfinder (4 paths)"
     assert label("stan-advi:default:fullrank") == "Stan's ADVI (full-rank)"
     assert label("nuts:diag:none") == "NUTS"
+
+
+def test_a_failure_reason_leaves_out_stans_progress_lines():
+    # Stan's ADVI prints "info: Success! ..." before it stops with code 70; the report grouped
+    # 37 example-models failures under that line instead of the reason after it
+    from stanvi.batch.report_page import _reason
+
+    msg = ("ReferenceRunError: Stan's ADVI (meanfield) failed on model 'ssm': Stan's ADVI "
+           "(meanfield) failed with code 70:\ninfo: Success! Found best value [eta = 100] earlier "
+           "than expected.\nstan::variational::normal_meanfield::calc_grad: The number of dropped "
+           "evaluations has reached its maximum amount (10). Your model may be ill-conditioned.")
+    reason = _reason(msg)
+    assert "Success" not in reason and "dropped evaluations" in reason
+    assert "'…'" in reason and "(#)" in reason and "\n" not in reason
