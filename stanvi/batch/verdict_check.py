@@ -13,10 +13,11 @@ draws, and its stability across seeds (issue T3-5 item 1; docs/diagnostics.md#ch
   truth, *not usable*: off, or marginals more than ``USABLE_W1`` = 0.2 sd away in the
   1-Wasserstein distance (median over marginals) — the bar :mod:`stanvi.evaluation.compare`
   and the batch report's recommendation set for the marginals.
-* **The means, read apart.**  A record that keeps the reading of q's means
-  (``verdict_figures['means']``: hold < plausible < doubtful,
-  :func:`stanvi.diagnostics.verdict.means_reading`) is scored against *off* the same way: that
-  reading is the verdict's answer to the question *off* asks (docs/diagnostics.md#means).
+* **The means, read apart.**  A record that keeps the reading of q's means and the figures
+  today's rule decides it on (``verdict_figures['means']``: hold < plausible < doubtful,
+  :func:`stanvi.diagnostics.verdict.means_reading`; :func:`means_of`) is scored against *off*
+  the same way: that reading is the verdict's answer to the question *off* asks
+  (docs/diagnostics.md#means).
 * **Across seeds.**  Among model–method pairs whose seeds' ELBOs (each fit's fresh diagnostic
   estimate) agree within ``ELBO_AGREE`` = 0.1 nat, the fraction whose seeds all get the same
   verdict (and, over records that keep it, the same verdict and reading of the means).
@@ -88,11 +89,38 @@ def current_verdict(record: dict[str, Any]) -> str | None:
 
 
 def means_of(record: dict[str, Any]) -> str | None:
-    """The record's reading of q's means, or None for a record written before the reading was
-    decided on the Newton step's upper bound (``newton_step_upper``, kept since then)."""
+    """The record's reading of q's means under today's rule, re-derived from the figures it
+    keeps: the Newton step's upper bound and median, and the curvature along the step
+    (``newton_step_upper``, ``newton_step_median``, ``newton_curvature`` and its se;
+    :func:`stanvi.diagnostics.verdict.curved_upper`); None for a record without the curvature
+    (written before it was kept, or of a q without the draws' ε, such as the low-rank
+    family's).  *hold* stays; otherwise the means are *plausible* when the bound is at most the
+    limit and neither a draw-level check the record keeps (failed draws, the PSIS shift where k̂
+    trusts its weights) nor one it does not keep (q collapsed: the record says *doubtful*
+    although its step passed on the bound it was written with and on today's) makes them
+    *doubtful*."""
+    from stanvi.diagnostics.verdict import (MAX_FAILED_FRACTION, MEAN_SHIFT_LIMIT,  # noqa: PLC0415
+                                            NEWTON_STEP_LIMIT, curved_upper, means_reading)
+
     figures = record.get("verdict_figures") or {}
     means = figures.get("means")
-    return means if means in MEANS and "newton_step_upper" in figures else None
+    if means not in MEANS or "newton_curvature" not in figures:
+        return None
+    verdict = current_verdict(record)
+    if verdict != "unreliable":
+        return "hold"
+    bound = curved_upper(figures["newton_step_upper"], figures["newton_curvature"],
+                         figures["newton_curvature_se"], figures["newton_step_median"])
+    # the bound the record's reading was decided on (before ``means_bound`` was kept: the plain one)
+    written = figures.get("means_bound", figures["newton_step_upper"])
+    if means == "doubtful" and max(written, bound) <= NEWTON_STEP_LIMIT:
+        return "doubtful"          # the step passed on either bound: another reason
+    khat = record.get("khat")
+    return means_reading(verdict, float(bound),
+                         fails=(figures.get("failed_fraction") or 0.0) > MAX_FAILED_FRACTION,
+                         off_by_psis=((figures.get("mean_shift") or 0.0) > MEAN_SHIFT_LIMIT
+                                      and khat is not None
+                                      and khat <= figures.get("threshold", -math.inf)))
 
 
 def config(record: dict[str, Any]) -> str:

@@ -181,7 +181,9 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
     shift = float(np.max(shifts)) if shifts is not None and np.isfinite(shifts).any() else math.nan
     if shift > MEAN_SHIFT_LIMIT and v != "unreliable":
         v = "unreliable"
-    upper = newton_figures(steps, steps_se).get("newton_step_upper", math.nan)
+    step_figures = newton_figures(steps, steps_se, curvature=curvature)
+    upper = step_figures.get("newton_step_upper_curved",
+                             step_figures.get("newton_step_upper", math.nan))
     d_means = means_reading(v, upper, fails=frac > MAX_FAILED_FRACTION,
                             off_by_psis=shift > MEAN_SHIFT_LIMIT and k <= tau)
     warns: list[str] = []
@@ -226,7 +228,7 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
                        failed_fraction=frac, failure_message=fail_msg, n_output_draws=n_out,
                        borderline=borderline, mean_shift=shift, shifts=shifts,
                        sd_ratios=sd_ratios, means=d_means, newton_steps=steps,
-                       newton_steps_se=steps_se, newton_curvature=curvature,
+                       newton_steps_se=steps_se, newton_curvature=curvature, means_bound=upper,
                        mean_shift_at=int(np.nanargmax(shifts)) if np.isfinite(shift) else -1)
 
 def decided_diagnostics(draw, first: int, cap: int, **kwargs) -> Diagnostics:

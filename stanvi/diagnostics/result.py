@@ -50,7 +50,8 @@ class Diagnostics:
             means in sds of q and its Monte Carlo standard error, which it is read from;
             ``newton_curvature``: the ELBO's curvature along that step in units of q's and its
             standard error (:func:`stanvi.diagnostics.verdict.newton_curvature`), where the
-            draws' ε were kept.
+            draws' ε were kept; ``means_bound``: the bound the reading was decided on
+            (:func:`stanvi.diagnostics.verdict.curved_upper`).
     """
 
     khat: float
@@ -83,6 +84,7 @@ class Diagnostics:
     newton_steps: np.ndarray | None = field(default=None, repr=False)
     newton_steps_se: np.ndarray | None = field(default=None, repr=False)
     newton_curvature: tuple[float, float] | None = None
+    means_bound: float = math.nan
 
     @property
     def reliable(self) -> bool:
@@ -106,12 +108,18 @@ class Diagnostics:
         return f"{self.khat:.2f}{se}" + (" (borderline)" if self.borderline else "")
 
     def _newton_text(self) -> str:
-        figures = newton_figures(self.newton_steps, self.newton_steps_se)
+        figures = newton_figures(self.newton_steps, self.newton_steps_se,
+                                 curvature=self.newton_curvature)
         if not figures:
             return "nan"
-        return (f"{figures['newton_step_median']:.3g} sd of q (Newton's, median over coordinates; "
+        text = (f"{figures['newton_step_median']:.3g} sd of q (Newton's, median over coordinates; "
                 f"largest {figures['newton_step_max']:.3g}), at most "
                 f"{figures['newton_step_upper']:.3g} by its error")
+        if "newton_curvature" in figures and figures["newton_step_upper_curved"] != \
+                figures["newton_step_upper"]:
+            text += (f"; along it the ELBO's curvature is {figures['newton_curvature']:.3g} "
+                     f"times q's: at most {figures['newton_step_upper_curved']:.3g}")
+        return text
 
     def _failed_text(self) -> str:
         msg = f' (model: "{self.failure_message}")' if self.failure_message else ""
@@ -136,6 +144,7 @@ class Diagnostics:
         return {"n_draws": self.n_draws, "threshold": self.threshold,
                 "borderline": self.borderline, "mean_shift": self.mean_shift,
                 "failed_fraction": self.failed_fraction, "means": self.means,
+                "means_bound": self.means_bound,
                 **shift_figures(self.shifts, self.sd_ratios),
                 **newton_figures(self.newton_steps, self.newton_steps_se, self.sd_ratios,
                                  self.newton_curvature)}

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from stanvi.batch.verdict_check import check, current_verdict, report_text, roc_auc
+from stanvi.batch.verdict_check import check, current_verdict, means_of, report_text, roc_auc
 
 
 def test_roc_auc_exact_values():
@@ -56,7 +56,11 @@ def test_a_borderline_good_record_is_read_as_use_with_care():
 
 def test_the_means_reading_is_scored_against_off_where_records_keep_it():
     def read(rec, means):
-        return {**rec, "verdict_figures": {"means": means, "newton_step_upper": 0.1}}
+        # the figures today's rule decides on, consistent with the reading
+        step = 0.1 if means != "doubtful" else 0.5
+        return {**rec, "verdict_figures": {"means": means, "newton_step_upper": step,
+                                           "newton_step_median": step, "newton_curvature": 1.0,
+                                           "newton_curvature_se": 0.0}}
     records = [read(_rec("a", 0, "good", 0.05, -1.0), "hold"),
                read(_rec("a", 1, "good", 0.05, -1.02), "hold"),
                # unreliable with right means (a narrow mean-field q) and with means off
@@ -66,7 +70,7 @@ def test_the_means_reading_is_scored_against_off_where_records_keep_it():
                read(_rec("c", 1, "unreliable", 0.3, -3.5, 1.2), "plausible"),
                _rec("e", 0, "unreliable", 0.7, -4.0, 1.1),          # written before the reading
                {**_rec("e", 1, "unreliable", 0.7, -4.5, 1.1),         # ... or before its rule
-                "verdict_figures": {"means": "plausible", "newton_step_beyond_noise": 0.0}}]
+                "verdict_figures": {"means": "plausible", "newton_step_upper": 0.1}}]
     figs = check(records)
     a = figs["all"]
     assert a["fits"] == 8 and a["means_fits"] == 6 and a["means_off"] == 2
@@ -100,3 +104,33 @@ def test_fits_against_an_untrustworthy_reference_are_not_judged(tmp_path):
     figs = check(fit_records([tmp_path / "runs"]))
     assert figs["all"]["fits"] == 4                    # good's and pdb's: judged
     assert figs["stability"]["pairs"] == 3             # bad's seeds still count for stability
+
+
+def test_a_reading_on_the_plain_bound_is_re_derived_on_the_curved_one():
+    def rec(means, plain, kappa, median=None, **figures):
+        return {**_rec("a", 0, "unreliable", 0.1, -1.0, 0.9),
+                "verdict_figures": {"means": means, "newton_step_upper": plain,
+                                    "newton_step_median": plain if median is None else median,
+                                    "newton_curvature": kappa, "newton_curvature_se": 0.0,
+                                    "threshold": 0.7, **figures}}
+    # doubtful on the plain bound, the curvature shortens the step: plausible
+    assert means_of(rec("doubtful", 0.6, 4.0)) == "plausible"
+    # ... not where the step is beyond q's sd, or within its noise
+    assert means_of(rec("doubtful", 1.2, 40.0)) == "doubtful"
+    assert means_of(rec("doubtful", 0.6, 4.0, median=0.2)) == "doubtful"
+    # plausible on the plain bound, longer along a flat direction: doubtful
+    assert means_of(rec("plausible", 0.15, 0.5)) == "doubtful"
+    # doubtful for another reason the record keeps: failed draws, or PSIS's shift where k-hat
+    # trusts its weights
+    assert means_of(rec("doubtful", 0.6, 4.0, failed_fraction=0.05)) == "doubtful"
+    assert means_of({**rec("doubtful", 0.6, 4.0, mean_shift=0.3), "khat": 0.6}) == "doubtful"
+    assert means_of({**rec("doubtful", 0.6, 4.0, mean_shift=0.3), "khat": 0.9}) == "plausible"
+    # ... or one it does not keep (q collapsed): the step passed on the bound it was decided on
+    # and on today's
+    assert means_of(rec("doubtful", 0.1, 1.0)) == "doubtful"
+    assert means_of(rec("doubtful", 0.6, 4.0, means_bound=0.15)) == "doubtful"
+    # the verdict passes q: hold, whatever the step
+    assert means_of({**rec("hold", 0.6, 0.6), "verdict": "use with care"}) == "hold"
+    # no curvature kept: not read under today's rule
+    assert means_of({**_rec("a", 0, "unreliable", 0.1, -1.0),
+                     "verdict_figures": {"means": "plausible", "newton_step_upper": 0.1}}) is None
