@@ -92,9 +92,10 @@ def means_of(record: dict[str, Any]) -> str | None:
     """The record's reading of q's means under today's rule, re-derived from the figures it
     keeps: the Newton step's upper bound and median, and the curvature along the step
     (``newton_step_upper``, ``newton_step_median``, ``newton_curvature`` and its se;
-    :func:`stanvi.diagnostics.verdict.curved_upper`); None for a record without the curvature
-    (written before it was kept, or of a q without the draws' ε, such as the low-rank
-    family's).  *hold* stays; otherwise the means are *plausible* when the bound is at most the
+    :func:`stanvi.diagnostics.verdict.curved_upper`); a record that keeps the bound it was
+    decided on (``means_bound``) but no curvature (a q without the draws' ε, such as the
+    low-rank family's, or no step at all) is read on the plain bound; None for a record with
+    neither (written before they were kept).  *hold* stays; otherwise the means are *plausible* when the bound is at most the
     limit and neither a draw-level check the record keeps (failed draws, the PSIS shift where k̂
     trusts its weights) nor one it does not keep (q collapsed: the record says *doubtful*
     although its step passed on the bound it was written with and on today's) makes them
@@ -104,15 +105,18 @@ def means_of(record: dict[str, Any]) -> str | None:
 
     figures = record.get("verdict_figures") or {}
     means = figures.get("means")
-    if means not in MEANS or "newton_curvature" not in figures:
+    if means not in MEANS or not ("newton_curvature" in figures or "means_bound" in figures):
         return None
     verdict = current_verdict(record)
     if verdict != "unreliable":
         return "hold"
-    bound = curved_upper(figures["newton_step_upper"], figures["newton_curvature"],
-                         figures["newton_curvature_se"], figures["newton_step_median"])
+    if "newton_curvature" in figures:
+        bound = curved_upper(figures["newton_step_upper"], figures["newton_curvature"],
+                             figures["newton_curvature_se"], figures["newton_step_median"])
+    else:   # written by today's code without κ (no ε, or no step at all: NaN, doubtful)
+        bound = figures.get("newton_step_upper", math.nan)
     # the bound the record's reading was decided on (before ``means_bound`` was kept: the plain one)
-    written = figures.get("means_bound", figures["newton_step_upper"])
+    written = figures.get("means_bound", figures.get("newton_step_upper", math.nan))
     if means == "doubtful" and max(written, bound) <= NEWTON_STEP_LIMIT:
         return "doubtful"          # the step passed on either bound: another reason
     khat = record.get("khat")

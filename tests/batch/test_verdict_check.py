@@ -131,6 +131,13 @@ def test_a_reading_on_the_plain_bound_is_re_derived_on_the_curved_one():
     assert means_of(rec("doubtful", 0.6, 4.0, means_bound=0.15)) == "doubtful"
     # the verdict passes q: hold, whatever the step
     assert means_of({**rec("hold", 0.6, 0.6), "verdict": "use with care"}) == "hold"
-    # no curvature kept: not read under today's rule
+    # written by today's code without a curvature (a low-rank q; no step at all: NaN)
+    low_rank = {**_rec("a", 0, "unreliable", 0.1, -1.0),
+                "verdict_figures": {"means": "doubtful", "newton_step_upper": 0.3,
+                                    "newton_step_median": 0.3, "means_bound": 0.3}}
+    assert means_of(low_rank) == "doubtful"
+    assert means_of({**low_rank, "verdict_figures": {"means": "doubtful",
+                                                     "means_bound": math.nan}}) == "doubtful"
+    # no curvature and no bound kept: not read under today's rule
     assert means_of({**_rec("a", 0, "unreliable", 0.1, -1.0),
                      "verdict_figures": {"means": "plausible", "newton_step_upper": 0.1}}) is None
