@@ -100,8 +100,8 @@ def means_of(record: dict[str, Any]) -> str | None:
     trusts its weights) nor one it does not keep (q collapsed: the record says *doubtful*
     although its step passed on the bound it was written with and on today's) makes them
     *doubtful*."""
-    from stanvi.diagnostics.verdict import (MAX_FAILED_FRACTION, MEAN_SHIFT_LIMIT,  # noqa: PLC0415
-                                            NEWTON_STEP_LIMIT, curved_upper, means_reading)
+    from stanvi.diagnostics.verdict import (NEWTON_STEP_LIMIT, curved_upper,  # noqa: PLC0415
+                                            means_reading_of)
 
     figures = record.get("verdict_figures") or {}
     means = figures.get("means")
@@ -120,11 +120,11 @@ def means_of(record: dict[str, Any]) -> str | None:
     if means == "doubtful" and max(written, bound) <= NEWTON_STEP_LIMIT:
         return "doubtful"          # the step passed on either bound: another reason
     khat = record.get("khat")
-    return means_reading(verdict, float(bound),
-                         fails=(figures.get("failed_fraction") or 0.0) > MAX_FAILED_FRACTION,
-                         off_by_psis=((figures.get("mean_shift") or 0.0) > MEAN_SHIFT_LIMIT
-                                      and khat is not None
-                                      and khat <= figures.get("threshold", -math.inf)))
+    return means_reading_of(verdict, float(bound),
+                            failed_fraction=figures.get("failed_fraction") or 0.0,
+                            mean_shift=figures.get("mean_shift") or 0.0,
+                            khat=math.inf if khat is None else float(khat),
+                            threshold=figures.get("threshold", -math.inf))
 
 
 def config(record: dict[str, Any]) -> str:

@@ -74,7 +74,7 @@ from stanvi.diagnostics.draws import (can_draw, diagnostic_draw_cap, diagnostic_
 from stanvi.diagnostics.psis import MIN_DRAWS, importance_ess, psis, resample_indices
 from stanvi.diagnostics.result import Diagnostics
 from stanvi.diagnostics.verdict import (MAX_FAILED_FRACTION, MEAN_SHIFT_LIMIT,
-                                        collapsed_coordinates, mean_shift, means_reading,
+                                        collapsed_coordinates, mean_shift, means_reading_of,
                                         newton_curvature, newton_figures, newton_step,
                                         open_boundaries, ratio_scale, sample_until_decided)
 
@@ -184,8 +184,8 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
     step_figures = newton_figures(steps, steps_se, curvature=curvature)
     upper = step_figures.get("newton_step_upper_curved",
                              step_figures.get("newton_step_upper", math.nan))
-    d_means = means_reading(v, upper, fails=frac > MAX_FAILED_FRACTION,
-                            off_by_psis=shift > MEAN_SHIFT_LIMIT and k <= tau)
+    d_means = means_reading_of(v, upper, failed_fraction=frac, mean_shift=shift, khat=k,
+                               threshold=tau)
     warns: list[str] = []
     if status == "budget":
         warns.append("the method stopped because the oracle budget ran out, not because it "

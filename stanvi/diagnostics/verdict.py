@@ -299,6 +299,15 @@ def means_reading(verdict: str, newton_upper: float, *, off_by_psis: bool = Fals
     return "plausible"
 
 
+def means_reading_of(verdict: str, bound: float, *, failed_fraction: float, mean_shift: float,
+                     khat: float, threshold: float) -> str:
+    """:func:`means_reading` from the figures a verdict is decided on (the failed fraction, the
+    PSIS mean shift, k̂ and its threshold): what :func:`stanvi.diagnostics.report.compute` and
+    the batch check of the records (:func:`stanvi.batch.verdict_check.means_of`) both call."""
+    return means_reading(verdict, bound, fails=failed_fraction > MAX_FAILED_FRACTION,
+                         off_by_psis=mean_shift > MEAN_SHIFT_LIMIT and khat <= threshold)
+
+
 def shift_figures(shifts: np.ndarray | None, sd_ratios: np.ndarray | None) -> dict[str, float]:
     """Summaries of the per-coordinate shifts (:func:`mean_shift`) a batch record keeps: the
     median shift, the shift in units of the PSIS-weighted sd (largest, median) and the
