@@ -209,7 +209,7 @@ def _report_diagnostics(fit_result: Fit, progress: bool) -> None:
         return
     from stanvi.log import get_logger  # noqa: PLC0415
 
-    get_logger("fit").info(fit_result.diagnostics().one_line())
+    get_logger("fit").info(fit_result.diagnostics(progress=True).one_line())
 
 
 def make_fit(target: Target, family, result: MethodResult, *, method: str, profile: str, options,

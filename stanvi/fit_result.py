@@ -186,15 +186,18 @@ class Fit(CmdStanPyAccessors):
         return summary_table({name: self.stan_variable(name) for name in names}, percentiles)
 
     # ---------------------------------------------------------------- output (issue P1-3)
-    def diagnostics(self, resample: bool = False, **kwargs):
+    def diagnostics(self, resample: bool = False, progress: bool = False, **kwargs):
         """Pareto k-hat of the importance ratios, its verdict, importance ESS and warnings
-        (:mod:`stanvi.diagnostics.report`); ``resample=True`` adds PSIS-resampled draws."""
+        (:mod:`stanvi.diagnostics.report`); ``resample=True`` adds PSIS-resampled draws.  With
+        ``progress``, diagnostic draws that take more than a few seconds show their progress
+        (:func:`stanvi.diagnostics.report.diagnose`; ``stanvi.fit`` asks for it when it shows
+        its own)."""
         from stanvi.diagnostics.report import diagnose  # noqa: PLC0415
 
         if resample or kwargs:
-            return diagnose(self, resample=resample, **kwargs)
+            return diagnose(self, resample=resample, progress=progress, **kwargs)
         if self._diagnostics is None:
-            self._diagnostics = diagnose(self)
+            self._diagnostics = diagnose(self, progress=progress)
         return self._diagnostics
 
     def to_arviz(self, **kwargs):

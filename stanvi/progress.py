@@ -111,21 +111,28 @@ class StageProgress:
             p.stage("stanc"); ...; p.stage("linking"); ...
 
     Logs ``title + note`` when it starts and ``title: done in … s`` (or ``failed after … s``)
-    when it ends, at INFO on ``logger`` (default ``stanvi.stan``; DEBUG when disabled), and in
-    between shows ``title: stage [elapsed]``: redrawn every half second on a terminal (cleared at
-    the end: the log line follows), a widget in a notebook, and off a terminal one line per stage
-    and one every ``every`` seconds while a stage lasts."""
+    when it ends, at INFO on ``logger`` (default ``stanvi.stan``; DEBUG when disabled or without
+    ``announce``), and in between shows ``title: stage [elapsed]``: redrawn every half second on
+    a terminal (cleared at the end: the log line follows), a widget in a notebook, and off a
+    terminal one line per stage and one every ``every`` seconds while a stage lasts.  With
+    ``delay``, nothing is shown until the work has lasted that many seconds (work that is
+    usually quick, such as a fit's diagnostics, then draws nothing when it is)."""
 
     def __init__(self, title: str, *, enabled: bool = True, stream=None, every: float = 10.0,
-                 note: str = "", logger: logging.Logger | None = None) -> None:
+                 note: str = "", logger: logging.Logger | None = None, delay: float = 0.0,
+                 announce: bool = True) -> None:
         self.title, self.note = title, note
         self._enabled = bool(enabled)
         self.stream = stream if stream is not None else sys.stderr
         self.every = float(every)
+        self.delay = float(delay)
         self.logger = logger if logger is not None else get_logger("stan")
-        self._level = logging.INFO if self._enabled else logging.DEBUG
+        self._level = logging.INFO if self._enabled and announce else logging.DEBUG
         self._bar = None
         self._ticker: _Ticker | None = None
+        self._timer: threading.Timer | None = None
+        self._text = ""
+        self._lock = threading.Lock()
         self._start = time.perf_counter()
 
     @property
@@ -138,17 +145,36 @@ class StageProgress:
         return self
 
     def stage(self, name: str) -> None:
-        """Start stage ``name`` (shown at once)."""
+        """Start stage ``name`` (shown at once, or once ``delay`` has passed)."""
         self.logger.debug(f"{self.title}: {name}")
         if not self._enabled:
             return
-        text = f"{self.title}: {name}"
-        if self._bar is None:
-            self._bar = _open_bar(self.stream, self.every, desc=text, total=None, leave=False,
-                                  bar_format="{desc} [{elapsed}]", dynamic_ncols=True)
-            self._ticker = _Ticker(0.5 if _live(self.stream) else self.every, self._bar.refresh)
-        else:
-            self._bar.set_description_str(text, refresh=True)
+        with self._lock:
+            self._text = f"{self.title}: {name}"
+            if self._bar is not None:
+                self._bar.set_description_str(self._text, refresh=True)
+            elif self.elapsed >= self.delay:
+                self._open()
+            elif self._timer is None:
+                self._timer = threading.Timer(self.delay - self.elapsed, self._open_late)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _open(self) -> None:
+        """Draw the display with the current stage (the caller holds the lock)."""
+        self._bar = _open_bar(self.stream, self.every, desc=self._text, total=None, leave=False,
+                              bar_format="{desc} [{elapsed}]", dynamic_ncols=True,
+                              delay=self.delay)   # tqdm's delay: no draw when it is made
+        if self.delay:   # the display's clock is the work's, not the display's
+            self._bar.start_t -= self.elapsed
+            self._bar.refresh()
+        self._ticker = _Ticker(0.5 if _live(self.stream) else self.every, self._bar.refresh)
+
+    def _open_late(self) -> None:
+        """The ``delay`` has passed and the work goes on: draw it."""
+        with self._lock:
+            if self._bar is None and self._timer is not None:
+                self._open()
 
     @property
     def elapsed(self) -> float:
@@ -156,6 +182,10 @@ class StageProgress:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
         if self._ticker is not None:
             self._ticker.stop()
         if self._bar is not None:

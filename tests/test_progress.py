@@ -59,6 +59,28 @@ def test_stage_progress_says_failed_and_is_silent_when_disabled(stanvi_log):
     assert stanvi_log.records and all(r.levelno == logging.DEBUG for r in stanvi_log.records)
 
 
+def test_delayed_stage_progress_draws_only_work_that_lasts(stanvi_log):
+    """With ``delay``, work quicker than it draws nothing; work that lasts longer is drawn
+    from then on, its clock counting from the start of the work; without ``announce`` the
+    start and end messages are DEBUG (a fit's diagnostics: usually a fraction of a second)."""
+    quick = io.StringIO()
+    with StageProgress("diagnostics of the trustvi fit", stream=quick, delay=0.5,
+                       announce=False) as shown:
+        shown.stage("k-hat on 4,000 draws from q")
+    assert quick.getvalue() == ""
+    slow = io.StringIO()
+    with StageProgress("diagnostics of the trustvi fit", stream=slow, delay=0.3,
+                       announce=False) as shown:
+        shown.stage("k-hat on 4,000 draws from q")
+        time.sleep(0.6)
+        shown.stage("k-hat 0.69 ± 0.05 on 4,000 draws is within 1.645 se of 0.7: 4,000 more draws")
+    lines = slow.getvalue().splitlines()
+    assert lines == ["diagnostics of the trustvi fit: k-hat on 4,000 draws from q [00:00]",
+                     "diagnostics of the trustvi fit: k-hat 0.69 ± 0.05 on 4,000 draws is "
+                     "within 1.645 se of 0.7: 4,000 more draws [00:00]"]
+    assert stanvi_log.records and all(r.levelno == logging.DEBUG for r in stanvi_log.records)
+
+
 def test_iteration_progress_redraws_on_a_terminal_and_clears_at_the_end():
     tty = Tty()
     bar = IterationProgress("trustvi", stream=tty)

@@ -105,6 +105,25 @@ def test_trustvi_progress_display_follows_every_phase(capfd, profile, phase):
     assert "oracle=" in bar[-1] and "elbo=" in bar[-1]
 
 
+def test_a_fit_shows_its_diagnostic_draws_when_they_last(capfd, monkeypatch):
+    """``stanvi.fit`` computes the verdict after the fit; draws that last longer than
+    ``PROGRESS_DELAY`` show what is drawn (here the delay is 0: every fit shows it); with
+    ``progress=False`` nothing is drawn, and the quick default draws nothing either."""
+    from stanvi.diagnostics import report
+
+    lp = GaussianProblem(np.array([1.0, -1.0]), np.diag([1.0, 4.0]), "2d").log_density
+    monkeypatch.setattr(report, "PROGRESS_DELAY", 0.0)
+    stanvi.fit(lp, dim=2, progress=True, draws=5, seed=0, second_start_iters=0)
+    err = capfd.readouterr().err
+    assert "diagnostics of the trustvi fit: k-hat on 32,000 draws from q [00:00]" in err, err
+    assert "diagnostics of the trustvi fit: done in" not in err     # the verdict line says it
+    stanvi.fit(lp, dim=2, progress=False, draws=5, seed=0, second_start_iters=0).diagnostics()
+    assert "diagnostics of" not in capfd.readouterr().err
+    monkeypatch.setattr(report, "PROGRESS_DELAY", 2.0)
+    stanvi.fit(lp, dim=2, progress=True, draws=5, seed=0, second_start_iters=0)
+    assert "diagnostics of" not in capfd.readouterr().err
+
+
 # ------------------------------------------------------------------------------------- batches
 
 @pytest.mark.slow

@@ -73,16 +73,21 @@ from stanvi.diagnostics.draws import (can_draw, diagnostic_draw_cap, diagnostic_
                                      diagnostic_log_densities)
 from stanvi.diagnostics.psis import MIN_DRAWS, importance_ess, psis, resample_indices
 from stanvi.diagnostics.result import Diagnostics
-from stanvi.diagnostics.verdict import (MAX_FAILED_FRACTION, MEAN_SHIFT_LIMIT,
+from stanvi.diagnostics.verdict import (DECISION_Z, MAX_FAILED_FRACTION, MEAN_SHIFT_LIMIT,
                                         collapsed_coordinates, mean_shift, means_reading_of,
                                         newton_curvature, newton_figures, newton_step,
                                         open_boundaries, ratio_scale, sample_until_decided)
+
+from stanvi.log import get_logger
+from stanvi.progress import StageProgress
 
 # re-exported: defined here before, and the tests import them from this module
 from stanvi.diagnostics.psis import log_sum_exp, psislw  # noqa: F401
 
 VERDICTS = ("good", "use with care", "unreliable")
 GOOD_K = 0.5  # Yao et al. 2018: below 0.5 the approximation is close to the posterior
+#: Diagnostic draws that take longer than this (seconds) show their progress (:func:`diagnose`)
+PROGRESS_DELAY = 2.0
 
 
 def tail_length(n_draws: int) -> int:
@@ -231,22 +236,28 @@ def compute(log_p: np.ndarray, log_q: np.ndarray, *, status: str = "", message: 
                        newton_steps_se=steps_se, newton_curvature=curvature, means_bound=upper,
                        mean_shift_at=int(np.nanargmax(shifts)) if np.isfinite(shift) else -1)
 
-def decided_diagnostics(draw, first: int, cap: int, **kwargs) -> Diagnostics:
+def decided_diagnostics(draw, first: int, cap: int, *, on_more=None, **kwargs) -> Diagnostics:
     """:func:`compute` on draws from q added until k̂'s band is decided
     (:func:`stanvi.diagnostics.verdict.sample_until_decided`; ``draw(n, batch)`` gives a
-    :class:`~stanvi.diagnostics.draws.DiagnosticSample` of n more draws), with the mean shift."""
+    :class:`~stanvi.diagnostics.draws.DiagnosticSample` of n more draws; ``on_more`` is told of
+    each addition), with the mean shift."""
     sample, decided = sample_until_decided(draw, first, cap, khat_threshold,
-                                           khat_standard_error, MAX_FAILED_FRACTION)
+                                           khat_standard_error, MAX_FAILED_FRACTION,
+                                           on_more=on_more)
     return compute(sample.log_p, sample.log_q, messages=sample.messages, z=sample.z,
                    eps=sample.eps, decided=decided, **kwargs)
 
 
 def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
-             seed: int | None = None) -> Diagnostics:
+             seed: int | None = None, progress: bool = False) -> Diagnostics:
     """Diagnostics of a :class:`stanvi.Fit`: k̂, ESS, failed fraction and ELBO from
     S_diag = :func:`diagnostic_draw_count` fresh draws from q (module docstring); the PSIS log
     weights of the fit's own output draws for reweighting.  With ``resample=True`` also the
-    PSIS-resampled output draws (``Diagnostics.resampled``, constrained, by variable name)."""
+    PSIS-resampled output draws (``Diagnostics.resampled``, constrained, by variable name).
+    With ``progress``, draws that last more than ``PROGRESS_DELAY`` seconds (a model slow to
+    evaluate, a band open at the cap of 8 S_diag) show what is being drawn and why, as model
+    compiles show their stage (:class:`stanvi.progress.StageProgress`;
+    docs/diagnostics.md#decided)."""
     out_r = np.asarray(fit.log_p, dtype=float) - np.asarray(fit.log_q, dtype=float)
     first = diagnostic_draw_count(int(getattr(getattr(fit, "family", None), "dim", 1) or 1),
                                   len(out_r))
@@ -254,11 +265,18 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
         d = compute(fit.log_p, fit.log_q, status=fit.status, message=fit.message,
                     method=fit.method)
     else:
-        d = decided_diagnostics(
-            lambda n, batch: diagnostic_log_densities(fit, n, batch=batch), first,
-            diagnostic_draw_cap(fit.family.dim, first), status=fit.status,
-            message=fit.message, method=fit.method, output_log_ratios=out_r,
-            gaussian=bool(getattr(fit.family, "gaussian", False)))
+        with StageProgress(f"diagnostics of the {fit.method} fit", enabled=progress,
+                           delay=PROGRESS_DELAY, announce=False,
+                           logger=get_logger("diagnostics")) as shown:
+            shown.stage(f"k-hat on {first:,} draws from q")
+            d = decided_diagnostics(
+                lambda n, batch: diagnostic_log_densities(fit, n, batch=batch), first,
+                diagnostic_draw_cap(fit.family.dim, first), status=fit.status,
+                message=fit.message, method=fit.method, output_log_ratios=out_r,
+                gaussian=bool(getattr(fit.family, "gaussian", False)),
+                on_more=lambda n, k, se, undecided, more: shown.stage(
+                    f"k-hat {k:.2f} ± {se:.2f} on {n:,} draws is within {DECISION_Z} se of "
+                    f"{' and '.join(f'{b:g}' for b in undecided)}: {more:,} more draws"))
     collapsed = collapsed_coordinates(fit)
     if collapsed:
         # q has (nearly) no spread along some coordinate: its ratios can be constant there,

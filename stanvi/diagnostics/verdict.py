@@ -135,11 +135,15 @@ def ratio_scale(log_p: np.ndarray, log_q: np.ndarray) -> float:
 def sample_until_decided(draw: Callable[[int, int], DiagnosticSample], first: int, cap: int,
                          threshold_of: Callable[[int], float],
                          se_of: Callable[[float, int], float],
-                         max_failed_fraction: float) -> tuple[DiagnosticSample, bool]:
+                         max_failed_fraction: float,
+                         on_more: Callable[[int, float, float, list[float], int], None]
+                         | None = None) -> tuple[DiagnosticSample, bool]:
     """Draw ``first`` draws (``draw(n, batch)``), then as many again, doubling the sample,
     while k̂'s band is open (:func:`open_boundaries`) and the total is below ``cap``.  Returns
     the merged sample and whether the band was decided.  More than ``max_failed_fraction``
-    failed draws decide it at once ('unreliable' whatever k̂ is)."""
+    failed draws decide it at once ('unreliable' whatever k̂ is).  ``on_more(n, k̂, se, open
+    boundaries, m)`` is called before each addition of m draws to the n so far (the progress
+    display of :func:`stanvi.diagnostics.report.diagnose`)."""
     parts = [draw(first, 0)]
     while True:
         sample = merge_blocks(parts)
@@ -148,11 +152,15 @@ def sample_until_decided(draw: Callable[[int, int], DiagnosticSample], first: in
         if np.mean(~np.isfinite(r)) > max_failed_fraction:
             return sample, True
         k = psis(r, ratio_scale(sample.log_p, sample.log_q))[1]
-        if not open_boundaries(k, se_of(k, n), threshold_of(n)):
+        undecided = open_boundaries(k, se_of(k, n), threshold_of(n))
+        if not undecided:
             return sample, True
         if n >= cap:
             return sample, False
-        parts.append(draw(min(n, cap - n), len(parts)))
+        more = min(n, cap - n)
+        if on_more is not None:
+            on_more(n, float(k), float(se_of(k, n)), undecided, more)
+        parts.append(draw(more, len(parts)))
 
 
 def mean_shift(z: np.ndarray, log_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

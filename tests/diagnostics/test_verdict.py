@@ -57,6 +57,27 @@ def test_a_band_at_a_boundary_doubles_the_draws_up_to_the_cap():
     assert abs(d.khat - 0.5) < 2 * d.khat_se   # the larger sample pins k-hat down
 
 
+def test_each_addition_is_announced_with_the_figures_that_asked_for_it():
+    """``on_more`` hears of every addition before it is drawn: the draws so far, k̂ and its
+    standard error on them (the figures the band is decided from), the open boundary and the
+    number of draws added; a band decided at once announces nothing."""
+    heard = []
+    sample_until_decided(_pareto_draw(0.5, []), 4000, 32000, khat_threshold,
+                         khat_standard_error, MAX_FAILED_FRACTION,
+                         on_more=lambda *a: heard.append(a))
+    assert [(n, more) for n, _, _, _, more in heard] == [(4000, 4000), (8000, 8000),
+                                                          (16000, 16000)]
+    first = merge_blocks([_pareto_draw(0.5, [])(4000, 0)])
+    k = compute(first.log_p, first.log_q).khat
+    _, k_heard, se, undecided, _ = heard[0]
+    assert k_heard == pytest.approx(k) and se == pytest.approx(khat_standard_error(k, 4000))
+    assert undecided == open_boundaries(k, se, khat_threshold(4000)) and 0.5 in undecided
+    quiet = []
+    sample_until_decided(_pareto_draw(0.1, []), 4000, 32000, khat_threshold,
+                         khat_standard_error, MAX_FAILED_FRACTION, on_more=quiet.append)
+    assert quiet == []
+
+
 def test_good_needs_a_decided_band():
     # k-hat 0.41 +/- 0.06 at the cap: below 0.5, but not with 90 % confidence -> 'use with care'
     sample, decided, _ = _run(0.47)
