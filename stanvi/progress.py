@@ -88,16 +88,20 @@ def _open_bar(stream, every: float, **kwargs):
 class _Ticker:
     """Calls ``tick()`` every ``period`` seconds on a daemon thread until :meth:`stop`: tqdm
     draws only when its count changes, and a compile stage or a batch waiting on a long task
-    must still show its elapsed time (and, off a terminal, a line every ``period`` seconds)."""
+    must still show its elapsed time (and, off a terminal, a line every ``period`` seconds).
+    The first call comes after ``first`` seconds (default ``period``)."""
 
-    def __init__(self, period: float, tick) -> None:
+    def __init__(self, period: float, tick, first: float | None = None) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(float(period), tick), daemon=True)
+        wait = float(period if first is None else first)
+        self._thread = threading.Thread(target=self._loop, args=(float(period), tick, wait),
+                                        daemon=True)
         self._thread.start()
 
-    def _loop(self, period: float, tick) -> None:
-        while not self._stop.wait(period):
+    def _loop(self, period: float, tick, wait: float) -> None:
+        while not self._stop.wait(wait):
             tick()
+            wait = period
 
     def stop(self) -> None:
         self._stop.set()
@@ -130,7 +134,6 @@ class StageProgress:
         self._level = logging.INFO if self._enabled and announce else logging.DEBUG
         self._bar = None
         self._ticker: _Ticker | None = None
-        self._timer: threading.Timer | None = None
         self._text = ""
         self._lock = threading.Lock()
         self._start = time.perf_counter()
@@ -155,10 +158,13 @@ class StageProgress:
                 self._bar.set_description_str(self._text, refresh=True)
             elif self.elapsed >= self.delay:
                 self._open()
-            elif self._timer is None:
-                self._timer = threading.Timer(self.delay - self.elapsed, self._open_late)
-                self._timer.daemon = True
-                self._timer.start()
+            elif self._ticker is None:   # the ticker's first call, at ``delay``, draws it
+                self._ticker = _Ticker(self._period, self._tick, first=self.delay - self.elapsed)
+
+    @property
+    def _period(self) -> float:
+        """Seconds between redraws: half a second where redrawn in place, else ``every``."""
+        return 0.5 if _live(self.stream) else self.every
 
     def _open(self) -> None:
         """Draw the display with the current stage (the caller holds the lock)."""
@@ -168,13 +174,16 @@ class StageProgress:
         if self.delay:   # the display's clock is the work's, not the display's
             self._bar.start_t -= self.elapsed
             self._bar.refresh()
-        self._ticker = _Ticker(0.5 if _live(self.stream) else self.every, self._bar.refresh)
+        if self._ticker is None:
+            self._ticker = _Ticker(self._period, self._tick)
 
-    def _open_late(self) -> None:
-        """The ``delay`` has passed and the work goes on: draw it."""
+    def _tick(self) -> None:
+        """The ticker's call: draw the display once ``delay`` has passed, then redraw it."""
         with self._lock:
-            if self._bar is None and self._timer is not None:
+            if self._bar is None:
                 self._open()
+            else:
+                self._bar.refresh()
 
     @property
     def elapsed(self) -> float:
@@ -182,10 +191,6 @@ class StageProgress:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
         if self._ticker is not None:
             self._ticker.stop()
         if self._bar is not None:

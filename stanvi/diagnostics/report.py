@@ -248,6 +248,13 @@ def decided_diagnostics(draw, first: int, cap: int, *, on_more=None, **kwargs) -
                    eps=sample.eps, decided=decided, **kwargs)
 
 
+def more_draws_stage(n: int, k: float, se: float, undecided: list[float], more: int) -> str:
+    """What :func:`diagnose`'s progress display shows while k̂'s band is open (the arguments
+    of :func:`sample_until_decided`'s ``on_more``; docs/diagnostics.md#decided)."""
+    return (f"k-hat {k:.2f} ± {se:.2f} on {n:,} draws is within {DECISION_Z} se of "
+            f"{' and '.join(f'{b:g}' for b in undecided)}: {more:,} more draws")
+
+
 def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
              seed: int | None = None, progress: bool = False) -> Diagnostics:
     """Diagnostics of a :class:`stanvi.Fit`: k̂, ESS, failed fraction and ELBO from
@@ -274,9 +281,7 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
                 diagnostic_draw_cap(fit.family.dim, first), status=fit.status,
                 message=fit.message, method=fit.method, output_log_ratios=out_r,
                 gaussian=bool(getattr(fit.family, "gaussian", False)),
-                on_more=lambda n, k, se, undecided, more: shown.stage(
-                    f"k-hat {k:.2f} ± {se:.2f} on {n:,} draws is within {DECISION_Z} se of "
-                    f"{' and '.join(f'{b:g}' for b in undecided)}: {more:,} more draws"))
+                on_more=lambda *why: shown.stage(more_draws_stage(*why)))
     collapsed = collapsed_coordinates(fit)
     if collapsed:
         # q has (nearly) no spread along some coordinate: its ratios can be constant there,

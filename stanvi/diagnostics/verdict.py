@@ -152,14 +152,15 @@ def sample_until_decided(draw: Callable[[int, int], DiagnosticSample], first: in
         if np.mean(~np.isfinite(r)) > max_failed_fraction:
             return sample, True
         k = psis(r, ratio_scale(sample.log_p, sample.log_q))[1]
-        undecided = open_boundaries(k, se_of(k, n), threshold_of(n))
+        se = se_of(k, n)
+        undecided = open_boundaries(k, se, threshold_of(n))
         if not undecided:
             return sample, True
         if n >= cap:
             return sample, False
         more = min(n, cap - n)
         if on_more is not None:
-            on_more(n, float(k), float(se_of(k, n)), undecided, more)
+            on_more(n, float(k), float(se), undecided, more)
         parts.append(draw(more, len(parts)))
 
 
