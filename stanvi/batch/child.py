@@ -1,6 +1,7 @@
 """The process that runs one batch task (issue P2-2, "Running it"): ``python -m
 stanvi.batch.child`` reads a job (JSON) on stdin and prints its result as one line
-``STANVI_BATCH_RESULT <json>`` on stdout.
+``STANVI_BATCH_RESULT <json>`` on stdout, after a ``STANVI_BATCH_PARTIAL <json>`` line for
+each stage of a fit's record done (:func:`emit_partial`).
 
 A task runs in its own process so that the Dask worker that launched it
 (:func:`stanvi.batch.tasks.run_job`) can stop it at its timeout (the process group is killed) and
@@ -16,9 +17,9 @@ Jobs:
 * ``reference``: a NUTS reference for a model that has none (:mod:`stanvi.batch.nuts_reference`),
   written where the compile task writes posteriordb's.
 * ``fit``: ``stanvi.fit`` of the compiled library with the job's method, profile, family, seed and
-  options; the record holds the status and message, the final ELBO from 10,000 fresh draws with
-  its standard error, the paper protocol's figures (the final ELBO on draws common to every run
-  of the model, evaluation ELBOs along the trace), the trace (thinned to at most 400 rows), the oracle ledger, draw-level model
+  options; the record holds the status and message, the ELBO on 10,000 draws common to every
+  run of the model, with its standard error, and the paper protocol's figures (the final ELBO
+  on the same draws, evaluation ELBOs along the trace), the trace (thinned to at most 400 rows), the oracle ledger, draw-level model
   evaluations, run time and JAX compile time apart, the k-hat diagnostic and, with reference
   draws, the accuracy figures of :mod:`stanvi.evaluation.accuracy`.  Stan's own algorithms
   (``stan-advi``, ``pathfinder``, ``nuts``) go to :mod:`stanvi.batch.reference_job`.
@@ -37,11 +38,9 @@ from typing import Any
 import numpy as np
 
 RESULT_PREFIX = "STANVI_BATCH_RESULT "
+PARTIAL_PREFIX = "STANVI_BATCH_PARTIAL "
 TRACE_ROWS = 400
-ELBO_DRAWS = 10_000
-EVAL_DRAWS = 2_000
 TRACE_POINTS = 40
-COMMON_DRAWS_SEED = 20261124   # the common draws of every run of a model (as the benches use)
 
 
 def _case(job: dict):
@@ -116,31 +115,48 @@ def _thin_trace(rows: list[dict]) -> tuple[list[dict], bool]:
     return [rows[i] for i in sorted(keep)][:TRACE_ROWS], True
 
 
-def _protocol_summary(result, job: dict) -> dict[str, Any]:
-    """The figures of the TrustVI paper's protocol (docs/algorithms.md#benchmark-protocol), as
-    ``stanvi bench methods`` computes them (:func:`stanvi.evaluation.protocol.summarize_run`):
-    ``final_elbo`` on 10,000 draws common to every run and method of the model (a failed run
-    is −inf, stored as null), and the evaluation ELBO on the first 2,000 of them at up to
-    ``trace_points`` log-spaced trace rows, with each row's iteration, oracle calls, draw-level
-    evaluations and run time."""
-    import jax  # noqa: PLC0415
-
+def _protocol_trace(result, job: dict, common, final: float) -> dict[str, Any]:
+    """The paper protocol's trace figures (docs/algorithms.md#benchmark-protocol), as ``stanvi
+    bench methods`` computes them (:func:`stanvi.evaluation.protocol.summarize_run`): the
+    evaluation ELBO on the first 2,000 of the ``common`` draws at up to ``trace_points``
+    log-spaced trace rows, with each row's iteration, oracle calls, draw-level evaluations and
+    run time (``final``: the final ELBO on all of them, already computed)."""
+    from stanvi.batch.fit_figures import EVAL_DRAWS  # noqa: PLC0415
     from stanvi.evaluation.protocol import summarize_run  # noqa: PLC0415
-    from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
 
-    eps_final = standard_normal(jax.random.PRNGKey(COMMON_DRAWS_SEED), ELBO_DRAWS,
-                                result.family.base_dim)   # D + k for lowrank
-    run = summarize_run(result, "", eps_final, eps_final[:EVAL_DRAWS],
-                        int(job.get("trace_points", TRACE_POINTS)))
-    return {"final_elbo": run.final_elbo, "trace_points": {
+    run = summarize_run(result, "", common, common[:EVAL_DRAWS],
+                        int(job.get("trace_points", TRACE_POINTS)), final=final)
+    return {"trace_points": {
         "iteration": run.trace_iter, "oracle": run.trace_oracle, "draws": run.trace_draws,
         "run_time": run.trace_wall, "elbo": run.trace_elbo}}
 
 
-def fit_job(job: dict) -> dict[str, Any]:
-    from stanvi.evaluation.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
-                                       read_reference_npz)
+def emit_partial(record: dict[str, Any], evaluated: list[str]) -> None:
+    """Print the record so far, ``STANVI_BATCH_PARTIAL <json>``, naming the stages done: the
+    worker keeps the last one where the task's timeout or a crash stops the process before
+    its result (:func:`stanvi.batch.tasks.run_job`), so a fit that finished is not lost to a
+    slow evaluation after it (docs/batch.md#partial-records)."""
+    from stanvi.batch.store import record_json  # noqa: PLC0415
+
+    sys.stdout.write(PARTIAL_PREFIX + record_json({**record, "evaluated": list(evaluated)})
+                     + "\n")
+    sys.stdout.flush()
+
+
+def _no_partial(record: dict[str, Any], evaluated: list[str]) -> None:
+    """A job run in-process reports no partial records."""
+
+
+def fit_job(job: dict, partial=_no_partial) -> dict[str, Any]:
+    """A fit task's record, built in stages, cheapest first, each reported through ``partial``
+    (:func:`emit_partial`) once done: the fit with its accuracy against the reference draws
+    (``fit``), the ELBO on the common draws (``elbo``: one evaluation gives the record's
+    ``elbo``, ``elbo_se`` and ``final_elbo``, :func:`stanvi.evaluation.protocol.final_elbos`),
+    the k̂ verdict (``verdict``), then the protocol's trace (``trace``)."""
+    from stanvi.evaluation.accuracy import labelled_draws  # noqa: PLC0415
+    from stanvi.evaluation.protocol import final_elbos  # noqa: PLC0415
     from stanvi.batch.discover import load_data  # noqa: PLC0415
+    from stanvi.batch.fit_figures import ELBO_DRAWS, common_draws, fit_accuracy  # noqa: PLC0415
     from stanvi.batch.reference_job import REFERENCE_METHODS, reference_fit_job  # noqa: PLC0415
     from stanvi.errors import DivergedError  # noqa: PLC0415
     from stanvi.fit import fit  # noqa: PLC0415
@@ -149,7 +165,7 @@ def fit_job(job: dict) -> dict[str, Any]:
     options = dict(job.get("options") or {})
     if job["method"] in REFERENCE_METHODS:
         try:
-            return reference_fit_job(job, data, COMMON_DRAWS_SEED, ELBO_DRAWS)
+            return reference_fit_job(job, data, partial)
         except Exception as exc:  # noqa: BLE001 — Stan's own message names what is wrong
             return {"status": "error", "message": _first_lines(exc)}
     try:
@@ -160,33 +176,37 @@ def fit_job(job: dict) -> dict[str, Any]:
         return {"status": "failed", "message": _first_lines(exc)}
     except Exception as exc:  # noqa: BLE001 — stanvi's own errors name what is wrong
         return {"status": "error", "message": _first_lines(exc)}
-    elbo, elbo_se = result.elbo(ELBO_DRAWS)
-    diag = result.diagnostics()
-    protocol = _protocol_summary(result, job)
     trace, thinned = _thin_trace([dict(r) for r in result.trace.rows])
     evaluations = result.info.get("model_evaluations") or {}
     record: dict[str, Any] = {
         "status": result.status, "message": result.message, "dim": int(result.family.dim),
-        "elbo": elbo, "elbo_se": elbo_se, "iterations": len(result.trace) - 1,
+        "iterations": len(result.trace) - 1,
         "trace": trace, "trace_thinned": thinned, "oracle": result.oracle,
         "draw_evaluations": int(sum(evaluations.values())), "model_evaluations": evaluations,
         "wall_time": result.wall_time, "compile_time": result.compile_time,
         "run_time": result.run_time, "setup_time": result.setup_time,
-        "khat": diag.khat, "khat_se": diag.khat_se, "verdict": diag.verdict, "ess": diag.ess,
-        "verdict_figures": diag.verdict_figures(),
         "info": {k: v for k, v in result.info.items()
-                 if isinstance(v, (int, float, str, bool)) or v is None},
-        **protocol}
-    ref_path = job.get("reference_npz")
-    if ref_path and Path(ref_path).is_file():
-        ref_c, ref_u = read_reference_npz(ref_path)
-        record["accuracy"] = {"constrained": marginal_accuracy(
-            labelled_draws(result.stan_variables()), ref_c)}
-        if ref_u:
-            names = list(result.target.unconstrained_names)
-            z = np.asarray(result.unconstrained_draws)
-            record["accuracy"]["unconstrained"] = marginal_accuracy(
-                {name: z[:, j] for j, name in enumerate(names)}, ref_u)
+                 if isinstance(v, (int, float, str, bool)) or v is None}}
+    if job.get("reference_npz"):
+        names = list(result.target.unconstrained_names)
+        z = np.asarray(result.unconstrained_draws)
+        accuracy = fit_accuracy(job, labelled_draws(result.stan_variables()),
+                                {name: z[:, j] for j, name in enumerate(names)})
+        if accuracy is not None:
+            record["accuracy"] = accuracy
+    stages = ["fit"]
+    partial(record, stages)
+    common = common_draws(ELBO_DRAWS, result.family.base_dim)   # D + k for lowrank
+    elbo, elbo_se, final = final_elbos(result, common)
+    record.update(elbo=elbo, elbo_se=elbo_se, final_elbo=final)
+    stages.append("elbo")
+    partial(record, stages)
+    diag = result.diagnostics()
+    record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess,
+                  verdict_figures=diag.verdict_figures())
+    stages.append("verdict")
+    partial(record, stages)
+    record.update(_protocol_trace(result, job, common, final))
     return record
 
 
@@ -215,7 +235,8 @@ def main() -> int:
     job = json.loads(sys.stdin.read())
     t0 = time.perf_counter()
     try:
-        record = JOBS[job["kind"]](job)
+        run = JOBS[job["kind"]]
+        record = run(job, emit_partial) if job["kind"] == "fit" else run(job)
     except Exception as exc:  # noqa: BLE001 — reported, not a crash of the batch
         record = {"status": "error", "message": _first_lines(exc),
                   "traceback": traceback.format_exc(limit=8)}

@@ -9,8 +9,9 @@ units, so the report puts them side by side:
   ``setup_time`` = building the services library (first use of a model only).
 * ``stan-advi`` (profile = nothing; family meanfield / fullrank): status ``converged`` when Stan
   says the relative ELBO change converged, else ``max_iters``.  Its Gaussian is recovered exactly
-  from the output (:func:`stanvi.reference.advi.stan_advi_gaussian`), so ``elbo`` (10,000 fresh
-  draws) and ``final_elbo`` (the batch's common draws) are computed as for stanvi's fits.
+  from the output (:func:`stanvi.reference.advi.stan_advi_gaussian`), so ``elbo`` and
+  ``final_elbo`` (the batch's 10,000 common draws, one evaluation) are computed as for
+  stanvi's fits.
 * ``pathfinder`` (profile ``multi``, CmdStan's default of 4 paths, or ``single``): status
   ``converged``; ``elbo`` = the mean of lp − lp_approx over its draws (single path: draws from the
   approximation; for multi-path, PSIS-resampled draws, so this is not an ELBO and is left out).
@@ -51,13 +52,13 @@ def check_reference_method(method: str, profile: str | None, options: dict) -> N
     check_settings(options, defaults, method)
 
 
-def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> dict[str, Any]:
-    """Run one reference method for a batch fit job and build its record."""
-    import jax  # noqa: PLC0415
-
-    from stanvi.evaluation.accuracy import (labelled_draws, marginal_accuracy,  # noqa: PLC0415
-                                       read_reference_npz, reference_unconstrained)
-    from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
+def reference_fit_job(job: dict, data, partial=None) -> dict[str, Any]:
+    """Run one reference method for a batch fit job and build its record, in stages reported
+    through ``partial`` as :func:`stanvi.batch.child.fit_job` reports its own: the run with its
+    accuracy against the reference draws (``fit``), the ELBO (``elbo``), then the k̂ verdict
+    (``verdict``)."""
+    from stanvi.batch.fit_figures import ELBO_DRAWS, common_draws, fit_accuracy  # noqa: PLC0415
+    from stanvi.evaluation.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
     from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
     from stanvi.reference.diagnostics import stan_diagnostics  # noqa: PLC0415
@@ -97,19 +98,24 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
         "info": {"algorithm": fit.algorithm}}
     draws_by_label = labelled_draws(fit.stan_variables())
     unconstrained, why = reference_unconstrained(target, draws_by_label)
+    accuracy = fit_accuracy(job, draws_by_label, unconstrained)
+    if accuracy is not None:
+        record["accuracy"] = accuracy
     if method == "stan-advi":
         trace = fit.elbo_trace
         record["iterations"] = int(trace[-1, 0]) if trace.size else 0
         record["trace"] = [{"iteration": int(i), "run_time": float(t), "elbo": float(e)}
                            for i, t, e in trace]
-        eps = standard_normal(jax.random.PRNGKey(seed), n_elbo, target.dim)
-        common = standard_normal(jax.random.PRNGKey(runs_common_seed), n_elbo, target.dim)
+    stages = ["fit"]
+    report = partial or (lambda rec, done: None)
+    report(record, stages)
+    if method == "stan-advi":
+        common = common_draws(ELBO_DRAWS, target.dim)
         try:
             if unconstrained is None:
                 raise ValueError(why)
-            (elbo, elbo_se), (final, _) = stan_advi_elbo(fit, target, [eps, common],
-                                                         unconstrained)
-            record.update(elbo=elbo, elbo_se=elbo_se, final_elbo=final)
+            ((elbo, elbo_se),) = stan_advi_elbo(fit, target, [common], unconstrained)
+            record.update(elbo=elbo, elbo_se=elbo_se, final_elbo=elbo)
         except ValueError as exc:
             record["message"] = f"ELBO not computed: {exc}"
     if fit.algorithm == "pathfinder":
@@ -118,6 +124,8 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
         if ratio.size > 1:
             record["elbo"] = record["final_elbo"] = float(ratio.mean())
             record["elbo_se"] = float(ratio.std(ddof=1) / math.sqrt(ratio.size))
+    stages.append("elbo")
+    report(record, stages)
     if method == "nuts":
         record["info"].update({k: v for k, v in fit.diagnostics().items()
                                if isinstance(v, (int, float))})
@@ -127,10 +135,4 @@ def reference_fit_job(job: dict, data, runs_common_seed: int, n_elbo: int) -> di
                 else stan_diagnostics(fit, target, unconstrained, seed))
         record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess,
                       verdict_figures=diag.verdict_figures())
-    ref_path = job.get("reference_npz")
-    if ref_path:
-        ref_c, ref_u = read_reference_npz(ref_path)
-        record["accuracy"] = {"constrained": marginal_accuracy(draws_by_label, ref_c)}
-        if ref_u and unconstrained is not None:
-            record["accuracy"]["unconstrained"] = marginal_accuracy(unconstrained, ref_u)
     return record

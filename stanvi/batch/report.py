@@ -45,7 +45,7 @@ __all__ = ["write_report", "task_hours"]
 
 FIT_COLUMNS = ("model", "source", "method", "profile", "family", "seed", "status", "final_elbo",
                "elbo", "elbo_se", "iterations", "draw_evaluations", "run_time", "compile_time",
-               "khat", "verdict", "mean_error_sd", "w1_sd", "message")
+               "khat", "verdict", "mean_error_sd", "w1_sd", "message", "incomplete")
 
 
 def _fit_row(r: dict) -> dict[str, Any]:

@@ -9,7 +9,9 @@ it (the Dask runner in :mod:`stanvi.batch.runner`, or a loop in tests); it
 2. otherwise runs the job in its own process (:mod:`stanvi.batch.child`) with a timeout enforced
    here, in the worker: when it passes, the process group is killed and the record says
    ``timeout``; a process that dies (a crash in the model's C++, the OOM killer) gives a
-   ``crashed`` record with its exit code and the end of its stderr.  The worker survives both;
+   ``crashed`` record with its exit code and the end of its stderr — except that a fit which
+   had finished keeps the stages of its record done before (:func:`job_result`).  The worker
+   survives both;
 3. writes the record to the store (:class:`~stanvi.batch.store.RunStore`, atomically) and
    returns it.
 
@@ -32,12 +34,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stanvi.batch.child import RESULT_PREFIX, reference_file
+from stanvi.batch.child import PARTIAL_PREFIX, RESULT_PREFIX, reference_file
 from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
 
-__all__ = ["FitSpec", "compile_task", "fit_task", "run_job", "case_job", "write_record",
-           "fit_identity", "compile_record_usable"]
+__all__ = ["FitSpec", "compile_task", "fit_task", "run_job", "job_result", "case_job",
+           "write_record", "fit_identity", "compile_record_usable"]
 
 STDERR_TAIL = 3000
 
@@ -78,30 +80,59 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def run_job(job: dict[str, Any], timeout: float | None) -> dict[str, Any]:
     """Run ``job`` in a child process (:mod:`stanvi.batch.child`) and return its result, or a
-    ``timeout`` / ``crashed`` record with the reason."""
+    ``timeout`` / ``crashed`` record with the reason (:func:`job_result`)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "stanvi.batch.child"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
+    timed_out = False
     try:
         out, err = proc.communicate(json.dumps(job), timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        proc.communicate()
-        return {"status": "timeout", "message": f"stopped after {timeout:g} s (the task's timeout); "
-                f"its process was killed", "task_seconds": time.perf_counter() - start}
+        out, err = proc.communicate()   # what the child printed before: none of it is lost
+        timed_out = True
     finally:
         if proc.poll() is None:  # an exception here (KeyboardInterrupt, a cancelled task)
             _kill_group(proc)
-    lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
-    if proc.returncode != 0 or not lines:
-        why = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
-               else f"exit status {proc.returncode}")
-        return {"status": "crashed", "message": f"the {job['kind']} process ended without a "
-                f"result ({why}): {err[-STDERR_TAIL:].strip() or 'no output'}",
-                "task_seconds": time.perf_counter() - start}
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    result = job_result(job["kind"], out, err, proc.returncode,
+                        f"stopped after {timeout:g} s (the task's timeout)" if timed_out else None)
+    if timed_out or "task_seconds" not in result:
+        result["task_seconds"] = time.perf_counter() - start
+    return result
+
+
+def _last_line(out: str, prefix: str) -> dict[str, Any] | None:
+    lines = [ln for ln in (out or "").splitlines() if ln.startswith(prefix)]
+    return json.loads(lines[-1][len(prefix):]) if lines else None
+
+
+def job_result(kind: str, out: str, err: str, returncode: int,
+               stopped: str | None = None) -> dict[str, Any]:
+    """The record of a child process's output: its ``STANVI_BATCH_RESULT`` line; where the
+    process was stopped (``stopped``: why, e.g. its timeout) or ended without one, a
+    ``timeout`` / ``crashed`` record with the reason — unless it had finished its fit and
+    printed a ``STANVI_BATCH_PARTIAL`` record (:func:`stanvi.batch.child.emit_partial`): then
+    that record, the fit's own status kept, with ``incomplete`` saying what stopped the
+    evaluation after which of its stages (docs/batch.md#partial-records)."""
+    result = None if stopped else _last_line(out, RESULT_PREFIX)
+    if result is not None and returncode == 0:
+        return result
+    if stopped:
+        status, why = "timeout", f"{stopped}; its process was killed"
+    else:
+        code = (f"killed by signal {-returncode}" if returncode < 0
+                else f"exit status {returncode}")
+        status, why = "crashed", (f"the {kind} process ended without a result ({code}): "
+                                  f"{(err or '')[-STDERR_TAIL:].strip() or 'no output'}")
+    partial = _last_line(out, PARTIAL_PREFIX)
+    if partial is None:
+        return {"status": status, "message": why}
+    done = partial.get("evaluated") or []
+    partial["incomplete"] = (f"{why} after the stage(s) {', '.join(done)} of its record; the "
+                             f"figures of the later ones are missing")
+    return partial
 
 
 def write_record(store: RunStore, kind: str, key: str, identity: dict, result: dict) -> dict:

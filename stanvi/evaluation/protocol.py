@@ -26,7 +26,8 @@ import numpy as np
 
 from stanvi.estimators.elbo import mean_of_valid
 
-__all__ = ["RunSummary", "first_consistent", "median_run", "protocol_pair", "summarize_run"]
+__all__ = ["RunSummary", "elbo_values", "final_elbos", "first_consistent", "median_run",
+           "protocol_pair", "summarize_run"]
 
 
 @dataclass
@@ -96,25 +97,51 @@ def _log_spaced(n: int, k: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], idx, [n - 1]]))
 
 
-def _evaluate(est, params, eps, screen: int = 200) -> float:
-    """The ELBO estimate at ``params`` with the fixed draws ``eps``.  Draws where the model
-    cannot be evaluated (a ``reject()``, a domain error) are dropped, as Stan's ADVI does in
-    its ELBO (docs/algorithms.md#failed-draws); if more than half of them fail, −inf.
+def elbo_values(est, params, eps, screen: int = 200) -> np.ndarray | None:
+    """The per-draw ELBO terms ℓ(λ; ε_j) at ``params`` on the fixed draws ``eps``, the first
+    ``screen`` evaluated first: None, and the rest not evaluated, where most of those fail.
 
-    The first ``screen`` draws are evaluated first and a point where most of them fail is −inf
-    at once: in the long benchmark process a C++ exception from the model cost about 1 ms
+    The screen: in the long benchmark process a C++ exception from the model cost about 1 ms
     (17.7 µs in a fresh process; the unwinder slows with every XLA compilation, 29.8 µs after
     300), so 2,000 throwing draws at each of 60 trace points of a diverged run took minutes."""
     head = np.asarray(est.values(params, eps[:screen]))
     if np.isfinite(head).sum() * 2 < len(head) * 0.8:  # well below half: no need for the rest
-        return -math.inf
-    vals = np.concatenate([head, np.asarray(est.values(params, eps[screen:]))]) \
+        return None
+    return np.concatenate([head, np.asarray(est.values(params, eps[screen:]))]) \
         if len(eps) > screen else head
-    return mean_of_valid(vals, len(vals) // 2 + 1)   # more than half finite
 
 
-def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> RunSummary:
-    """A fit as a :class:`RunSummary`: its final ELBO on ``eps_final`` (−inf when it failed) and
+def _evaluate(est, params, eps, screen: int = 200) -> float:
+    """The ELBO estimate at ``params`` with the fixed draws ``eps``.  Draws where the model
+    cannot be evaluated (a ``reject()``, a domain error) are dropped, as Stan's ADVI does in
+    its ELBO (docs/algorithms.md#failed-draws); if more than half of them fail, −inf (at once
+    where most of the first ``screen`` fail: :func:`elbo_values`)."""
+    vals = elbo_values(est, params, eps, screen)
+    return -math.inf if vals is None else mean_of_valid(vals, len(vals) // 2 + 1)
+
+
+def final_elbos(fit, eps) -> tuple[float, float, float]:
+    """A fit's ELBO at its final parameters on the fixed draws ``eps``, both ways the batch
+    records it, from one evaluation of the model (docs/batch.md#the-results-store): the plain
+    mean with its standard error, a failing draw counting −inf (as
+    :meth:`stanvi.fit_result.FitResult.elbo` counts it: the ELBO is then −inf, honestly, and
+    the error NaN), and the protocol's final ELBO, failing draws dropped (:func:`_evaluate`;
+    −inf for a failed run)."""
+    vals = elbo_values(fit._estimator, fit.params, eps)
+    if vals is None:
+        return -math.inf, math.nan, -math.inf
+    if np.isfinite(vals).all():
+        plain, se = float(vals.mean()), float(vals.std(ddof=1) / math.sqrt(vals.size))
+    else:
+        plain, se = -math.inf, math.nan
+    final = -math.inf if fit.status == "failed" else mean_of_valid(vals, len(vals) // 2 + 1)
+    return plain, se, final
+
+
+def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int,
+                  final: float | None = None) -> RunSummary:
+    """A fit as a :class:`RunSummary`: its final ELBO on ``eps_final`` (−inf when it failed;
+    ``final``, where the caller has it already from the same draws: :func:`final_elbos`) and
     the evaluation ELBO on ``eps_eval`` at up to ``trace_points`` log-spaced trace rows."""
     est = fit._estimator
     tr = fit.trace
@@ -124,7 +151,8 @@ def summarize_run(fit, config: str, eps_final, eps_eval, trace_points: int) -> R
     col = lambda name: tr.column(name)[idx]  # noqa: E731
     draws = (col("gradient_draws") + col("hvp_draws") + col("log_density_draws")
              + np.nan_to_num(col("screening_draws")) + np.nan_to_num(col("redrawn_draws")))
-    final = -math.inf if fit.status == "failed" else _evaluate(est, fit.params, eps_final)
+    if final is None:
+        final = -math.inf if fit.status == "failed" else _evaluate(est, fit.params, eps_final)
     o = fit.oracle
     return RunSummary(config=config, seed=fit.seed, status=fit.status, final_elbo=final,
                       iterations=len(tr) - 1, oracle=o["oracle_scaled"],

@@ -318,6 +318,8 @@ def test_stans_own_algorithms_as_batch_methods(pdb_tree, tmp_path):
     log_z = (-0.5 * len(Y) * np.log(2 * np.pi) - 0.5 * np.sum((np.array(Y) - POST_MEAN) ** 2)
              + 0.5 * np.log(2 * np.pi * POST_SD**2))
     assert log_z - 0.2 < advi["final_elbo"] <= log_z + 4 * advi["elbo_se"] + 1e-9
+    # one evaluation on the batch's common draws gives both (docs/batch.md#the-results-store)
+    assert advi["elbo"] == advi["final_elbo"]
     # Pathfinder's Gaussian is the exact posterior here: its ELBO (mean log p - log q over its
     # draws) is log Z up to Monte Carlo error
     path = records["pathfinder"]
