@@ -143,29 +143,29 @@ def emit_partial(record: dict[str, Any], evaluated: list[str]) -> None:
     sys.stdout.flush()
 
 
-def _no_partial(record: dict[str, Any], evaluated: list[str]) -> None:
-    """A job run in-process reports no partial records."""
-
-
-def fit_job(job: dict, partial=_no_partial) -> dict[str, Any]:
+def fit_job(job: dict, partial=None) -> dict[str, Any]:
     """A fit task's record, built in stages, cheapest first, each reported through ``partial``
     (:func:`emit_partial`) once done: the fit with its accuracy against the reference draws
     (``fit``), the ELBO on the common draws (``elbo``: one evaluation gives the record's
     ``elbo``, ``elbo_se`` and ``final_elbo``, :func:`stanvi.evaluation.protocol.final_elbos`),
-    the k̂ verdict (``verdict``), then the protocol's trace (``trace``)."""
+    the k̂ verdict (``verdict``), then the protocol's trace (``trace``), each one's seconds in
+    ``stage_seconds`` (:class:`~stanvi.batch.fit_figures.RecordStages`; the ``fit`` stage from
+    the job's start: reading the data, the fit and its accuracy)."""
     from stanvi.evaluation.accuracy import labelled_draws  # noqa: PLC0415
     from stanvi.evaluation.protocol import final_elbos  # noqa: PLC0415
     from stanvi.batch.discover import load_data  # noqa: PLC0415
-    from stanvi.batch.fit_figures import ELBO_DRAWS, common_draws, fit_accuracy  # noqa: PLC0415
+    from stanvi.batch.fit_figures import (ELBO_DRAWS, RecordStages,  # noqa: PLC0415
+                                          common_draws, fit_accuracy)
     from stanvi.batch.reference_job import REFERENCE_METHODS, reference_fit_job  # noqa: PLC0415
     from stanvi.errors import DivergedError  # noqa: PLC0415
     from stanvi.fit import fit  # noqa: PLC0415
 
+    start = time.perf_counter()
     data = load_data(_case(job))
     options = dict(job.get("options") or {})
     if job["method"] in REFERENCE_METHODS:
         try:
-            return reference_fit_job(job, data, partial)
+            return reference_fit_job(job, data, partial, start)
         except Exception as exc:  # noqa: BLE001 — Stan's own message names what is wrong
             return {"status": "error", "message": _first_lines(exc)}
     try:
@@ -194,19 +194,18 @@ def fit_job(job: dict, partial=_no_partial) -> dict[str, Any]:
                                 {name: z[:, j] for j, name in enumerate(names)})
         if accuracy is not None:
             record["accuracy"] = accuracy
-    stages = ["fit"]
-    partial(record, stages)
+    stages = RecordStages(record, partial, start)
+    stages.done("fit")
     common = common_draws(ELBO_DRAWS, result.family.base_dim)   # D + k for lowrank
     elbo, elbo_se, final = final_elbos(result, common)
     record.update(elbo=elbo, elbo_se=elbo_se, final_elbo=final)
-    stages.append("elbo")
-    partial(record, stages)
+    stages.done("elbo")
     diag = result.diagnostics()
     record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess,
                   verdict_figures=diag.verdict_figures())
-    stages.append("verdict")
-    partial(record, stages)
+    stages.done("verdict")
     record.update(_protocol_trace(result, job, common, final))
+    stages.done("trace", report=False)
     return record
 
 

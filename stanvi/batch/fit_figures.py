@@ -7,9 +7,13 @@ output draws against reference draws.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["COMMON_DRAWS_SEED", "ELBO_DRAWS", "EVAL_DRAWS", "common_draws", "fit_accuracy"]
+__all__ = ["COMMON_DRAWS_SEED", "ELBO_DRAWS", "EVAL_DRAWS", "RecordStages", "common_draws",
+           "fit_accuracy"]
 
 #: The number of common draws a fit's ELBO is computed on
 ELBO_DRAWS = 10_000
@@ -42,3 +46,27 @@ def fit_accuracy(job: dict, draws_by_label: dict, unconstrained: dict | None) ->
     if ref_u and unconstrained is not None:
         accuracy["unconstrained"] = marginal_accuracy(unconstrained, ref_u)
     return accuracy
+
+
+class RecordStages:
+    """The stages of a fit record as they are done (docs/batch.md#partial-records): each one's
+    seconds go to the record's ``stage_seconds`` (what the task's time went to), and the record
+    so far is reported through ``partial(record, stages done)`` (None: not reported)."""
+
+    def __init__(self, record: dict[str, Any],
+                 partial: Callable[[dict[str, Any], list[str]], None] | None,
+                 since: float | None = None) -> None:
+        """``since``: when the first stage began (``time.perf_counter()``; default now)."""
+        self.record, self.partial, self.names = record, partial, []
+        self.record["stage_seconds"] = {}
+        self._since = time.perf_counter() if since is None else since
+
+    def done(self, name: str, report: bool = True) -> None:
+        """Stage ``name`` is done: time it, and report the record unless ``report`` is False
+        (the last stage: the result follows)."""
+        now = time.perf_counter()
+        self.record["stage_seconds"][name] = now - self._since
+        self._since = now
+        self.names.append(name)
+        if report and self.partial is not None:
+            self.partial(self.record, list(self.names))

@@ -52,12 +52,14 @@ def check_reference_method(method: str, profile: str | None, options: dict) -> N
     check_settings(options, defaults, method)
 
 
-def reference_fit_job(job: dict, data, partial=None) -> dict[str, Any]:
+def reference_fit_job(job: dict, data, partial=None, start: float | None = None
+                      ) -> dict[str, Any]:
     """Run one reference method for a batch fit job and build its record, in stages reported
     through ``partial`` as :func:`stanvi.batch.child.fit_job` reports its own: the run with its
     accuracy against the reference draws (``fit``), the ELBO (``elbo``), then the k̂ verdict
-    (``verdict``)."""
-    from stanvi.batch.fit_figures import ELBO_DRAWS, common_draws, fit_accuracy  # noqa: PLC0415
+    (``verdict``), each one's seconds in ``stage_seconds`` (``start``: when the job began)."""
+    from stanvi.batch.fit_figures import (ELBO_DRAWS, RecordStages,  # noqa: PLC0415
+                                          common_draws, fit_accuracy)
     from stanvi.evaluation.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
     from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
@@ -106,9 +108,8 @@ def reference_fit_job(job: dict, data, partial=None) -> dict[str, Any]:
         record["iterations"] = int(trace[-1, 0]) if trace.size else 0
         record["trace"] = [{"iteration": int(i), "run_time": float(t), "elbo": float(e)}
                            for i, t, e in trace]
-    stages = ["fit"]
-    report = partial or (lambda rec, done: None)
-    report(record, stages)
+    stages = RecordStages(record, partial, start)
+    stages.done("fit")
     if method == "stan-advi":
         common = common_draws(ELBO_DRAWS, target.dim)
         try:
@@ -124,8 +125,7 @@ def reference_fit_job(job: dict, data, partial=None) -> dict[str, Any]:
         if ratio.size > 1:
             record["elbo"] = record["final_elbo"] = float(ratio.mean())
             record["elbo_se"] = float(ratio.std(ddof=1) / math.sqrt(ratio.size))
-    stages.append("elbo")
-    report(record, stages)
+    stages.done("elbo")
     if method == "nuts":
         record["info"].update({k: v for k, v in fit.diagnostics().items()
                                if isinstance(v, (int, float))})
@@ -135,4 +135,5 @@ def reference_fit_job(job: dict, data, partial=None) -> dict[str, Any]:
                 else stan_diagnostics(fit, target, unconstrained, seed))
         record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess,
                       verdict_figures=diag.verdict_figures())
+    stages.done("verdict", report=False)
     return record

@@ -128,6 +128,10 @@ def test_a_fit_job_reports_its_stages_in_order(compiled):
     assert "elbo" not in seen[0][0] and "khat" not in seen[1][0]
     assert "trace_points" not in seen[2][0] and "trace_points" in record
     assert seen[2][0]["khat"] == pytest.approx(record["khat"])
+    # what the task's time went to, stage by stage
+    assert list(record["stage_seconds"]) == ["fit", "elbo", "verdict", "trace"]
+    assert all(t >= 0 for t in record["stage_seconds"].values())
+    assert list(seen[1][0]["stage_seconds"]) == ["fit", "elbo"]
     # no draw fails on a Gaussian target: the record's ELBO and the protocol's are one number
     assert record["elbo"] == record["final_elbo"] and np.isfinite(record["elbo"])
     assert 0 < record["elbo_se"] < 0.1
