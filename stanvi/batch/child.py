@@ -19,9 +19,10 @@ Jobs:
 * ``fit``: ``stanvi.fit`` of the compiled library with the job's method, profile, family, seed and
   options; the record holds the status and message, the ELBO on 10,000 draws common to every
   run of the model, with its standard error, and the paper protocol's figures (the final ELBO
-  on the same draws, evaluation ELBOs along the trace), the trace (thinned to at most 400 rows), the oracle ledger, draw-level model
-  evaluations, run time and JAX compile time apart, the k-hat diagnostic and, with reference
-  draws, the accuracy figures of :mod:`stanvi.evaluation.accuracy`.  Stan's own algorithms
+  on the same draws, evaluation ELBOs along the trace), the trace (thinned to at most 400
+  rows), the oracle ledger, draw-level model evaluations, run time and JAX compile time apart,
+  the k-hat diagnostic, with reference draws the accuracy figures of
+  :mod:`stanvi.evaluation.accuracy`, and each stage's seconds.  Stan's own algorithms
   (``stan-advi``, ``pathfinder``, ``nuts``) go to :mod:`stanvi.batch.reference_job`.
 """
 

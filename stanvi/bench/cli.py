@@ -17,7 +17,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
                                     "coldstart", "fullrank", "lowrank", "jointcv", "peers", "mlmcvi",
                                     "rb", "qsgp", "local-optima", "advi-fidelity", "run-cpu",
-                                    "verdict", "jax-native", "score-peers"],
+                                    "verdict", "jax-native", "score-peers", "task-time"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -53,6 +53,8 @@ def add_bench_parser(sub) -> None:
                         "--records; "
                         "score-peers: BaM and GSM beside TrustVI full-rank and multi-path "
                         "Pathfinder over the batch records of --records; "
+                        "task-time: where the task time of the batch runs of --records went, per "
+                        "configuration (the fit, the ELBO, the verdict, the trace, timeouts); "
                         "jax-native: JAX-native fits (a logistic regression in JAX) end to end on "
                         "JAX's default device, CPU or GPU")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
@@ -313,6 +315,13 @@ def run_bench(args: argparse.Namespace) -> int:
         if not args.records:
             raise SystemExit("stanvi bench score-peers: --records DIR[,DIR...] is required")
         print(score_peers_records.check_stores(args.records.split(",")))
+        return 0
+    if args.what == "task-time":
+        from stanvi.bench import task_time  # noqa: PLC0415
+
+        if not args.records:
+            raise SystemExit("stanvi bench task-time: --records DIR[,DIR...] is required")
+        print(task_time.check_stores(args.records.split(",")))
         return 0
     if args.what == "jax-native":
         from stanvi.bench import jax_native  # noqa: PLC0415
