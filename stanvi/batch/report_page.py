@@ -145,13 +145,21 @@ def _reason(message: str) -> str:
 
 def failure_rows(fits: list[dict], ok_statuses) -> list[dict]:
     """Failed fits grouped by configuration, status and the kind of message, with counts and
-    up to three of the models."""
+    up to three of the models; fits whose record is incomplete (the timeout or a crash stopped
+    the evaluation after the fit, docs/batch.md#partial-records) are grouped with them, their
+    status marked so and the reason saying after which stages."""
     groups: dict[tuple, list[str]] = defaultdict(list)
     for r in fits:
-        if r.get("status") in ok_statuses or r.get("status") in ("skipped", "not_compiled"):
+        if r.get("status") in ("skipped", "not_compiled"):
             continue
-        groups[(label(config_of(r)), r.get("status"), _reason(r.get("message")))].append(
-            r["model"])
+        if r.get("status") in ok_statuses:
+            if not r.get("incomplete"):
+                continue
+            key = (label(config_of(r)), f"{r.get('status')}, record incomplete",
+                   f"{_reason(r['incomplete'])} after: {', '.join(r.get('evaluated') or [])}")
+        else:
+            key = (label(config_of(r)), r.get("status"), _reason(r.get("message")))
+        groups[key].append(r["model"])
     return [{"method": m, "status": s, "reason": why, "fits": len(models),
              "models": ", ".join(sorted(set(models))[:3]) + (" …" if len(set(models)) > 3
                                                               else "")}

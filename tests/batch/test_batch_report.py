@@ -243,3 +243,23 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     with Image.open(shot) as im:
         colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 50      # not a blank page
+
+
+def test_incomplete_records_are_grouped_with_the_failures():
+    """A fit kept from a partial record (docs/batch.md#partial-records) is counted among the
+    failure reasons, its own status marked incomplete, with the stages it had done."""
+    from stanvi.batch.report_page import failure_rows
+    from stanvi.batch.runner import OK_STATUSES
+
+    stopped = ("stopped after 300 s (the task's timeout); its process was killed after the "
+               "stage(s) fit, elbo of its record; the figures of the later ones are missing")
+    fits = [{**record(m, "trustvi", 0, -1.0, [0, 1], [0, 1], [-2, -1]),
+             "incomplete": stopped, "evaluated": ["fit", "elbo"]} for m in ("m1", "m2")]
+    fits.append(record("m3", "trustvi", 0, -1.0, [0, 1], [0, 1], [-2, -1]))   # complete
+    fits.append(record("m4", "trustvi", 0, -1.0, [0, 1], [0, 1], [-2, -1], status="failed"))
+    rows = failure_rows(fits, OK_STATUSES)
+    assert len(rows) == 2
+    assert rows[0]["status"] == "converged, record incomplete" and rows[0]["fits"] == 2
+    assert rows[0]["reason"] == "stopped after # s (the task's timeout) after: fit, elbo"
+    assert rows[0]["models"] == "m1, m2"
+    assert rows[1]["status"] == "failed" and rows[1]["models"] == "m4"
