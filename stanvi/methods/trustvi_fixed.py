@@ -72,6 +72,14 @@ POOR_MODEL_STEPS = 3
 #: certification and its union step) instead of by GLTR (docs/benchmarks.md#dense-model-solve).
 DENSE_SOLVE_MAX_PARAMS = 48
 
+#: How the messages of the two uncertified ends where a run is stuck begin: no step improves
+#: the fixed-sample ELBO, and a model of it that is not concave at its optimum; the
+#: second-start checks run after them as after a certified optimum
+#: (:func:`stanvi.methods.trustvi_second_start.run_fixed`)
+COLLAPSED = "the trust region collapsed on the fixed sample"
+NOT_CONCAVE = "not certified: the model of the ELBO is not concave"
+STUCK = (COLLAPSED, NOT_CONCAVE)
+
 
 class FixedState(NamedTuple):
     """The iterate λ (``params``), the radius, the fixed sample (draws, ℓ per draw, ∇log p at
@@ -280,8 +288,8 @@ def _rejected(setup: FixedSetup, state: FixedState, row: dict, shrink_from: floa
                                               n_hess=n_hess), poor)
     stop = None
     if delta < 1e-10:
-        stop = ("max_iters", "the trust region collapsed on the fixed sample (no step improves "
-                f"its ELBO; N = {state.eps.shape[0]} draws)")
+        stop = ("max_iters", f"{COLLAPSED} (no step improves its ELBO; N = "
+                f"{state.eps.shape[0]} draws)")
     return StepOutcome(state, row, stop, _display(row))
 
 
@@ -338,7 +346,7 @@ def certify(setup: FixedSetup, state: FixedState, k: int, scale: np.ndarray, op,
     not_concave = state.not_concave + 1 if not concave else 0
     if not_concave >= NOT_CONCAVE_STAGES:
         return StepOutcome(state, row, ("max_iters", (
-            f"not certified: the model of the ELBO is not concave at the fixed-sample optimum "
+            f"{NOT_CONCAVE} at the fixed-sample optimum "
             f"on {n >> (NOT_CONCAVE_STAGES - 1)} to {n} draws (a kinked or multimodal "
             "objective, or a q at the edge of the model's support)")))
     if 2 * n > o.fixed_n_max:

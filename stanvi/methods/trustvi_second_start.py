@@ -100,8 +100,17 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
     setup = trustvi_fixed.FixedSetup(o, est, family, key, ledger, info, counts)
     status, message, first, first_elbo, k = _certified_run(setup, params, k0, trace, context,
                                                            max_iters=o.max_iters)
-    if status != "converged" or not o.second_start_iters:
+    # a run that moved and then stuck uncertified (its trust region collapsed, or its model of
+    # the ELBO is not concave at the optimum) is checked as a certified one is
+    # (docs/algorithms.md#second-start); one that never accepted a step is left to
+    # checks.honest_outcome, which says why
+    stuck = (status == "max_iters" and message.startswith(trustvi_fixed.STUCK)
+             and counts["accepted"] > 0)
+    if not (status == "converged" or stuck) or not o.second_start_iters:
         return status, message, first, info
+    certified = status == "converged"
+    first_what = ("the first certified optimum" if certified else
+                  "the point where the first run stopped, uncertified")
     candidate, where = None, ""
     if target is not None and o.second_paths:
         candidate, path = _second_paths(setup, target, first, context.random_init_mu,
@@ -145,14 +154,15 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
     status2, message2, second, _, k = _certified_run(setup, candidate, k, trace, context)
     final_gap, _ = _paired_gap(est, family, second, first, key, ledger)
     info.update(second_start_final_gap=final_gap, second_start_used=final_gap > 0)
-    found = (f"a second start ({where}) reached an ELBO {gap:.3g} ± {se:.2g} nats above the "
-             f"first certified optimum")
+    found = (f"a second start ({where}) reached an ELBO {gap:.3g} ± {se:.2g} nats above "
+             f"{first_what}")
     if final_gap <= 0:
+        kept = "the first optimum" if certified else "the first run's end"
         return status, (f"{message}; {found}, but its own run ended {-final_gap:.3g} nats "
-                        f"lower ({message2}): the first optimum is kept"), first, info
+                        f"lower ({message2}): {kept} is kept"), first, info
+    end_what = "the first optimum, a local one" if certified else first_what
     return status2, (f"{message2}; {found}: the fit continued from it and ends "
-                     f"{final_gap:.3g} nats above the first optimum, a local one "
-                     f"({message})"), second, info
+                     f"{final_gap:.3g} nats above {end_what} ({message})"), second, info
 
 
 def _uniform_init(key, path: int, dim: int, attempt: int = 0) -> np.ndarray:
