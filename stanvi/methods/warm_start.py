@@ -123,11 +123,13 @@ def mode_precision(target, z_star: np.ndarray, ledger: OracleLedger) -> np.ndarr
     return -0.5 * (res.hvp + res.hvp.T)
 
 
-def degenerate_coordinate(z_star: np.ndarray, precision: np.ndarray) -> tuple[int, float] | None:
+def degenerate_coordinate(z_star: np.ndarray,
+                          precision: np.ndarray) -> tuple[int, float] | None:
     """(i, sd) of the coordinate where the Laplace Gaussian at ``z_star`` is most degenerate,
     or None where it is nowhere: the conditional sd 1/√Λ_ii below ``DEGENERATE_SD`` ·
-    max(1, |z*_i|), Λ = ``precision`` (step 4 of the module docstring; coordinates with
-    Λ_ii ≤ 0, where the mode is not a maximum, are the families' own concern)."""
+    max(1, |z*_i|), Λ = ``precision`` (step 4 of the module docstring;
+    docs/methods.md#degenerate-mode; coordinates with Λ_ii ≤ 0, where the mode is not a
+    maximum, are the families' own concern)."""
     diag = np.diag(np.asarray(precision, dtype=float))
     with np.errstate(divide="ignore", invalid="ignore"):
         sd = np.where(diag > 0, 1.0 / np.sqrt(np.where(diag > 0, diag, 1.0)), np.inf)
@@ -207,9 +209,10 @@ def laplace_q(target, family, z_star: np.ndarray, ledger: OracleLedger,
               log_scale0: float, info: dict | None = None, fallback: bool = False,
               precision: np.ndarray | None = None) -> tuple[np.ndarray | None, str]:
     """Steps 2–3 of the module docstring at the mode ``z_star``: (q₀'s parameters, '') or
-    (None, the reason there is none: among them a degenerate mode, step 4).  A family that compresses the Laplace Gaussian (one with
-    ``laplace_deficit``: the low-rank family) records in ``info["laplace_deficit"]`` the ELBO
-    q₀ gives up against it (docs/algorithms.md#second-start); with ``fallback``, one whose
+    (None, the reason there is none: among them a degenerate mode, step 4).  A family that
+    compresses the Laplace Gaussian (one with ``laplace_deficit``: the low-rank family) records
+    in ``info["laplace_deficit"]`` the ELBO q₀ gives up against it
+    (docs/algorithms.md#second-start); with ``fallback``, one whose
     ``laplace_starts`` gives a fallback start (the low-rank family's PPCA start behind its
     reverse-KL one) records that start and its deficit in ``info["laplace_fallback"]``
     (docs/algorithms.md#lowrank-start).  ``precision``: −H at ``z_star`` when already
