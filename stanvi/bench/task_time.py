@@ -18,15 +18,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from stanvi.batch.summary import config_of
+
 __all__ = ["STAGES", "task_time_table", "table_text", "check_stores"]
 
 #: The stages of a fit record, in the order they run (:func:`stanvi.batch.child.fit_job`)
 STAGES = ("fit", "elbo", "verdict", "trace")
-
-
-def _config(record: dict[str, Any]) -> str:
-    return (f"{record.get('method')}:{record.get('profile') or 'default'}"
-            f":{record.get('family') or '-'}")
 
 
 def task_time_table(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -44,7 +41,7 @@ def task_time_table(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         if r.get("status") in ("skipped", "not_compiled"):
             continue
         hours = float(r.get("task_seconds") or 0.0) / 3600.0
-        for key in (_config(r), "all"):
+        for key in (config_of(r), "all"):
             row = rows[key]
             row["tasks"] += 1
             row["task_h"] += hours

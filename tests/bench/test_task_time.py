@@ -28,7 +28,7 @@ RECORDS = [
 
 def test_the_hours_add_up_per_configuration_and_overall():
     rows = {r["config"]: r for r in task_time_table(RECORDS)}
-    tv, advi, every = rows["trustvi:default:meanfield"], rows["advi:default:meanfield"], rows["all"]
+    tv, advi, every = rows["trustvi:default:meanfield"], rows["advi:stan:meanfield"], rows["all"]
     assert (tv["tasks"], tv["staged"], tv["timeouts"], tv["incomplete"]) == (4, 2, 1, 1)
     assert tv["task_h"] == pytest.approx(6000 / 3600)
     assert tv["wall_h"] == pytest.approx(1116 / 3600)
@@ -39,7 +39,15 @@ def test_the_hours_add_up_per_configuration_and_overall():
     assert every["tasks"] == 5 and every["task_h"] == pytest.approx(tv["task_h"] + 2.0)
     # the dearest configuration first, the total last
     assert [r["config"] for r in task_time_table(RECORDS)] == [
-        "advi:default:meanfield", "trustvi:default:meanfield", "all"]
+        "advi:stan:meanfield", "trustvi:default:meanfield", "all"]
+
+
+def test_a_record_without_a_profile_is_labelled_with_the_profile_that_ran():
+    """ADVI's default profile is ``stan``: the label is the one the report groups runs by."""
+    from stanvi.batch.summary import config_of
+
+    assert [r["config"] for r in task_time_table(RECORDS[4:5])] == [config_of(RECORDS[4]), "all"]
+    assert config_of(RECORDS[4]) == "advi:stan:meanfield"
 
 
 def test_the_table_reads_a_store(tmp_path):
