@@ -72,13 +72,13 @@ POOR_MODEL_STEPS = 3
 #: certification and its union step) instead of by GLTR (docs/benchmarks.md#dense-model-solve).
 DENSE_SOLVE_MAX_PARAMS = 48
 
-#: How the messages of the two uncertified ends where a run is stuck begin: no step improves
-#: the fixed-sample ELBO, and a model of it that is not concave at its optimum; the
-#: second-start checks run after them as after a certified optimum
-#: (:func:`stanvi.methods.trustvi_second_start.run_fixed`)
+#: The radius below which the trust region has collapsed: no step improves the fixed-sample ELBO
+COLLAPSED_DELTA = 1e-10
+#: How the messages of the two uncertified ends where a run is stuck begin (:func:`stuck` tells
+#: them from the state): no step improves the fixed-sample ELBO, and a model of it that is not
+#: concave at its optimum
 COLLAPSED = "the trust region collapsed on the fixed sample"
 NOT_CONCAVE = "not certified: the model of the ELBO is not concave"
-STUCK = (COLLAPSED, NOT_CONCAVE)
 
 
 class FixedState(NamedTuple):
@@ -127,6 +127,26 @@ class FixedSetup(NamedTuple):
     explore_floor: float | None = None
     stein_only: bool = False
     explore_basin: Callable[[np.ndarray], bool] | None = None
+
+
+class RunEnd(NamedTuple):
+    """How a certified run ended: its status and message, final parameters, final fixed-sample
+    ELBO and last iteration, and whether it stopped stuck (:func:`stuck`)."""
+
+    status: str
+    message: str
+    params: np.ndarray
+    elbo: float
+    k: int
+    stuck: bool = False
+
+
+def stuck(state: FixedState) -> bool:
+    """Whether a run that ended on ``state`` stopped stuck, uncertified: its trust region
+    collapsed (no step improves the fixed-sample ELBO), or the model of the ELBO was not concave
+    at the fixed-sample optimum on ``NOT_CONCAVE_STAGES`` samples in a row.  The second-start
+    checks run after such a run as after a certified optimum (docs/algorithms.md#second-start)."""
+    return state.delta < COLLAPSED_DELTA or state.not_concave >= NOT_CONCAVE_STAGES
 
 
 def certify_tolerance(o: Options, n_params: int) -> float:
@@ -287,7 +307,7 @@ def _rejected(setup: FixedSetup, state: FixedState, row: dict, shrink_from: floa
     state = _count_poor(setup, state._replace(delta=delta, rejections=rejections,
                                               n_hess=n_hess), poor)
     stop = None
-    if delta < 1e-10:
+    if delta < COLLAPSED_DELTA:
         stop = ("max_iters", f"{COLLAPSED} (no step improves its ELBO; N = "
                 f"{state.eps.shape[0]} draws)")
     return StepOutcome(state, row, stop, _display(row))
@@ -345,7 +365,7 @@ def certify(setup: FixedSetup, state: FixedState, k: int, scale: np.ndarray, op,
             f"{result_gap:.2g} (tolerance {tol_cert:.2g})")))
     not_concave = state.not_concave + 1 if not concave else 0
     if not_concave >= NOT_CONCAVE_STAGES:
-        return StepOutcome(state, row, ("max_iters", (
+        return StepOutcome(state._replace(not_concave=not_concave), row, ("max_iters", (
             f"{NOT_CONCAVE} at the fixed-sample optimum "
             f"on {n >> (NOT_CONCAVE_STAGES - 1)} to {n} draws (a kinked or multimodal "
             "objective, or a q at the edge of the model's support)")))

@@ -98,14 +98,13 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
         counts = {"accepted": 0, "rejected_lambda": 0, "rejected_change": 0,
                   "rejected_failure": 0}
     setup = trustvi_fixed.FixedSetup(o, est, family, key, ledger, info, counts)
-    status, message, first, first_elbo, k = _certified_run(setup, params, k0, trace, context,
-                                                           max_iters=o.max_iters)
+    end = _certified_run(setup, params, k0, trace, context, max_iters=o.max_iters)
+    status, message, first, first_elbo, k = end.status, end.message, end.params, end.elbo, end.k
     # a run that moved and then stuck uncertified (its trust region collapsed, or its model of
     # the ELBO is not concave at the optimum) is checked as a certified one is
     # (docs/algorithms.md#second-start); one that never accepted a step is left to
     # checks.honest_outcome, which says why
-    stuck = (status == "max_iters" and message.startswith(trustvi_fixed.STUCK)
-             and counts["accepted"] > 0)
+    stuck = status == "max_iters" and end.stuck and counts["accepted"] > 0
     if not (status == "converged" or stuck) or not o.second_start_iters:
         return status, message, first, info
     certified = status == "converged"
@@ -151,7 +150,8 @@ def run_fixed(o: Options, est, family, key, ledger: OracleLedger, trace: Trace,
                  second_start_gap=gap if np.isfinite(gap) else None, accepted=bool(switch))
     if not switch:
         return status, message, first, info
-    status2, message2, second, _, k = _certified_run(setup, candidate, k, trace, context)
+    end2 = _certified_run(setup, candidate, k, trace, context)
+    status2, message2, second, k = end2.status, end2.message, end2.params, end2.k
     final_gap, _ = _paired_gap(est, family, second, first, key, ledger)
     info.update(second_start_final_gap=final_gap, second_start_used=final_gap > 0)
     found = (f"a second start ({where}) reached an ELBO {gap:.3g} ± {se:.2g} nats above "
@@ -241,23 +241,23 @@ def _second_paths(setup, target, first: np.ndarray, random_init: np.ndarray,
 
 
 def _certified_run(setup, params: np.ndarray, k0: int, trace: Trace, context: RunContext,
-                   max_iters: int | None = None) -> tuple[str, str, np.ndarray, float, int]:
+                   max_iters: int | None = None) -> trustvi_fixed.RunEnd:
     """One fixed-sample run with certification from ``params``, its iterations numbered from
-    ``k0`` + 1, at most ``max_iters`` of them (default: what is left of the option's):
-    (status, message, final parameters, the final fixed-sample ELBO, last iteration)."""
+    ``k0`` + 1, at most ``max_iters`` of them (default: what is left of the option's)."""
     o = setup.o
     try:
         state = trustvi_fixed.start(setup, params)
     except GradientFailure as exc:
-        return ("failed", f"failed_gradient: the first fixed sample: {exc}", params, -np.inf,
-                k0)
+        return trustvi_fixed.RunEnd("failed", f"failed_gradient: the first fixed sample: {exc}",
+                                    params, -np.inf, k0)
     budget = max(1, o.max_iters - k0) if max_iters is None else max_iters
     state, k, status, message = iterate(partial(trustvi_fixed.step, setup), state,
                                         max_iters=budget, trace=trace,
                                         ledger=setup.ledger, context=context, start=k0)
     setup.info.update(iterations=k, final_delta=state.delta,
                       fixed_draws=int(state.eps.shape[0]))
-    return status, message, state.params, float(np.mean(state.values)), k
+    return trustvi_fixed.RunEnd(status, message, state.params, float(np.mean(state.values)), k,
+                                trustvi_fixed.stuck(state))
 
 
 def _explore(setup, params: np.ndarray, floor: float, k0: int, first: np.ndarray,
@@ -333,8 +333,9 @@ def _meanfield_run(setup, target, start: np.ndarray, k0: int,
         return None, k0
     est = estimator_for(target, inner, host=bool(getattr(setup.est, "host", False)))
     sub = setup._replace(family=inner, est=est, info={})
-    status, _, params, _, k = _certified_run(sub, family.meanfield_member(start), k0, Trace(),
-                                             context, max_iters=setup.o.max_iters)
+    end = _certified_run(sub, family.meanfield_member(start), k0, Trace(), context,
+                         max_iters=setup.o.max_iters)
+    status, params, k = end.status, end.params, end.k
     setup.info.update(second_start_meanfield_iterations=k - k0,
                       second_start_meanfield_status=status)
     if status == "failed":

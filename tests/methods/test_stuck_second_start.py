@@ -39,3 +39,18 @@ def test_a_stuck_full_rank_run_continues_from_the_mean_field_optimum():
     (elbo_full, se_full), (elbo_mf, se_mf) = full.elbo(4000), mean_field.elbo(4000)
     # full rank holds mean-field: its optimum is at least mean-field's, up to the noise
     assert elbo_full > elbo_mf - 4 * np.hypot(se_full, se_mf) - 0.5
+
+
+def test_stuck_is_read_from_the_state_where_each_stuck_stop_leaves_it():
+    """The two stuck stops, and only they, leave a state that ``trustvi_fixed.stuck`` reads as
+    stuck: a collapsed radius, or ``NOT_CONCAVE_STAGES`` samples in a row not concave."""
+    from stanvi.methods import trustvi_fixed as tf
+
+    zeros = np.zeros(2)
+    state = tf.FixedState(params=zeros, delta=1.0, eps=np.zeros((4, 2)), values=np.zeros(4),
+                          model_grads=np.zeros((4, 2)), grad=zeros, hessian="hvp", n_hess=4)
+    assert not tf.stuck(state)
+    assert not tf.stuck(state._replace(not_concave=tf.NOT_CONCAVE_STAGES - 1))
+    assert tf.stuck(state._replace(not_concave=tf.NOT_CONCAVE_STAGES))
+    assert not tf.stuck(state._replace(delta=tf.COLLAPSED_DELTA))
+    assert tf.stuck(state._replace(delta=tf.COLLAPSED_DELTA / 2))
