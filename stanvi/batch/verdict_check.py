@@ -110,13 +110,21 @@ def means_of(record: dict[str, Any]) -> str | None:
     verdict = current_verdict(record)
     if verdict != "unreliable":
         return "hold"
+    # the store writes a non-finite figure as null: an unknown curvature is NaN, an unknown
+    # bound infinite (no finite bound was shown)
+    def figure(key: str, unknown: float) -> float:
+        value = figures.get(key)
+        return unknown if value is None else float(value)
+
+    upper = figure("newton_step_upper", math.inf) if "newton_step_upper" in figures else math.nan
     if "newton_curvature" in figures:
-        bound = curved_upper(figures["newton_step_upper"], figures["newton_curvature"],
-                             figures["newton_curvature_se"], figures["newton_step_median"])
+        bound = curved_upper(upper, figure("newton_curvature", math.nan),
+                             figure("newton_curvature_se", math.nan),
+                             figure("newton_step_median", math.nan))
     else:   # written by today's code without κ (no ε, or no step at all: NaN, doubtful)
-        bound = figures.get("newton_step_upper", math.nan)
+        bound = upper
     # the bound the record's reading was decided on (before ``means_bound`` was kept: the plain one)
-    written = figures.get("means_bound", figures.get("newton_step_upper", math.nan))
+    written = figure("means_bound", math.inf) if "means_bound" in figures else upper
     if means == "doubtful" and max(written, bound) <= NEWTON_STEP_LIMIT:
         return "doubtful"          # the step passed on either bound: another reason
     khat = record.get("khat")

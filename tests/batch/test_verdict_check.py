@@ -141,3 +141,26 @@ def test_a_reading_on_the_plain_bound_is_re_derived_on_the_curved_one():
     # no curvature and no bound kept: not read under today's rule
     assert means_of({**_rec("a", 0, "unreliable", 0.1, -1.0),
                      "verdict_figures": {"means": "plausible", "newton_step_upper": 0.1}}) is None
+
+
+def test_a_reading_whose_figures_the_store_wrote_as_null_is_read_without_a_bound():
+    """The store writes a non-finite figure as null (an infinite bound, an unknown curvature):
+    such a record reads *doubtful*, where it used to stop the whole check with a TypeError
+    (Stan's ADVI on BUGS salm2, whose step median was 1.5e298)."""
+    base = _rec("a", 0, "unreliable", 0.1, -1.0, 0.9)
+    no_step = {**base, "verdict_figures": {
+        "means": "doubtful", "newton_step_upper": None, "newton_step_median": 1.5e298,
+        "newton_curvature": None, "newton_curvature_se": None, "means_bound": None,
+        "threshold": 0.7}}
+    assert means_of(no_step) == "doubtful"
+    # a finite step whose curvature may not be negative: the curved bound is infinite
+    flat = {**base, "verdict_figures": {
+        "means": "doubtful", "newton_step_upper": 0.87, "newton_step_median": 0.75,
+        "newton_curvature": 0.2, "newton_curvature_se": 0.16, "means_bound": None,
+        "threshold": 0.7}}
+    assert means_of(flat) == "doubtful"
+    # the same figures, finite, with a curvature that shortens the step: plausible
+    assert means_of({**flat, "verdict_figures": {**flat["verdict_figures"],
+                                                 "newton_curvature": 8.0,
+                                                 "newton_curvature_se": 0.1,
+                                                 "means_bound": 0.87}}) == "plausible"
