@@ -27,7 +27,7 @@ from stanvi.batch.runner import OK_STATUSES as OK  # a method's normal outcomes
 from stanvi.evaluation.protocol import (RunSummary, first_consistent, median_run,
                                         protocol_pair)
 
-__all__ = ["config_of", "profile_of", "group_runs", "model_rows", "protocol_pairs", "pair_summary"]
+__all__ = ["config_of", "profile_of", "finite_or", "group_runs", "model_rows", "protocol_pairs", "pair_summary"]
 
 
 def profile_of(record: dict) -> str:
@@ -52,7 +52,9 @@ def config_of(record: dict) -> str:
     return f"{record['method']}:{profile_of(record)}:{record.get('family', 'meanfield')}"
 
 
-def _finite_or(value, default=-math.inf) -> float:
+def finite_or(value, default: float = -math.inf) -> float:
+    """``value`` as a float, or ``default`` where it is missing (None: the store writes a
+    non-finite figure as null) or not finite."""
     return float(value) if value is not None and math.isfinite(float(value)) else default
 
 
@@ -60,12 +62,12 @@ def as_run(record: dict) -> RunSummary:
     """A fit record as a :class:`RunSummary` (records without protocol figures — a fit that
     timed out, crashed or raised — are failed runs with an empty trace)."""
     tp = record.get("trace_points") or {}
-    arr = lambda key: np.array([_finite_or(v) for v in tp.get(key, [])], dtype=float)  # noqa: E731
+    arr = lambda key: np.array([finite_or(v) for v in tp.get(key, [])], dtype=float)  # noqa: E731
     failed = record.get("status") not in OK
     return RunSummary(
         config=config_of(record), seed=int(record.get("seed", 0)),
         status=record.get("status", "?"),
-        final_elbo=-math.inf if failed else _finite_or(record.get("final_elbo")),
+        final_elbo=-math.inf if failed else finite_or(record.get("final_elbo")),
         iterations=int(record.get("iterations") or 0),
         oracle=float((record.get("oracle") or {}).get("oracle_scaled", math.nan)),
         draw_evals=int(record.get("draw_evaluations") or 0),

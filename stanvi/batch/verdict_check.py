@@ -110,21 +110,20 @@ def means_of(record: dict[str, Any]) -> str | None:
     verdict = current_verdict(record)
     if verdict != "unreliable":
         return "hold"
+    from stanvi.batch.summary import finite_or  # noqa: PLC0415
+
     # the store writes a non-finite figure as null: an unknown curvature is NaN, an unknown
     # bound infinite (no finite bound was shown)
-    def figure(key: str, unknown: float) -> float:
-        value = figures.get(key)
-        return unknown if value is None else float(value)
-
-    upper = figure("newton_step_upper", math.inf) if "newton_step_upper" in figures else math.nan
+    upper = (finite_or(figures["newton_step_upper"], math.inf) if "newton_step_upper" in figures
+             else math.nan)
     if "newton_curvature" in figures:
-        bound = curved_upper(upper, figure("newton_curvature", math.nan),
-                             figure("newton_curvature_se", math.nan),
-                             figure("newton_step_median", math.nan))
+        bound = curved_upper(upper, finite_or(figures["newton_curvature"], math.nan),
+                             finite_or(figures.get("newton_curvature_se"), math.nan),
+                             finite_or(figures.get("newton_step_median"), math.nan))
     else:   # written by today's code without κ (no ε, or no step at all: NaN, doubtful)
         bound = upper
     # the bound the record's reading was decided on (before ``means_bound`` was kept: the plain one)
-    written = figure("means_bound", math.inf) if "means_bound" in figures else upper
+    written = finite_or(figures["means_bound"], math.inf) if "means_bound" in figures else upper
     if means == "doubtful" and max(written, bound) <= NEWTON_STEP_LIMIT:
         return "doubtful"          # the step passed on either bound: another reason
     khat = record.get("khat")

@@ -42,8 +42,9 @@ def test_a_stuck_full_rank_run_continues_from_the_mean_field_optimum():
 
 
 def test_stuck_is_read_from_the_state_where_each_stuck_stop_leaves_it():
-    """The two stuck stops, and only they, leave a state that ``trustvi_fixed.stuck`` reads as
-    stuck: a collapsed radius, or ``NOT_CONCAVE_STAGES`` samples in a row not concave."""
+    """``trustvi_fixed.stuck`` reads a collapsed radius, or ``NOT_CONCAVE_STAGES`` samples in a
+    row not concave, as stuck, and nothing short of them; the stop that leaves the second state
+    is exercised by the fit above."""
     from stanvi.methods import trustvi_fixed as tf
 
     zeros = np.zeros(2)
