@@ -53,6 +53,7 @@ from stanvi.estimators.fixed_sample import draw_fixed_sample, finite, values_and
 from stanvi.methods.base import OracleLedger, StepOutcome, purpose_key
 from stanvi.methods.checks import divergence
 from stanvi.methods.trustvi_options import Options
+from stanvi.methods.trustvi_stops import collapsed_message, not_concave_message
 from stanvi.optim.gltr import solve_gltr, truncated
 from stanvi.optim.norms import norm as _norm
 from stanvi.optim.trust_region import NEWTON_RADIUS, MatrixModel, TRResult
@@ -74,17 +75,14 @@ DENSE_SOLVE_MAX_PARAMS = 48
 
 #: The radius below which the trust region has collapsed: no step improves the fixed-sample ELBO
 COLLAPSED_DELTA = 1e-10
-#: How the messages of the two uncertified ends where a run is stuck begin (:func:`stuck` tells
-#: them from the state): no step improves the fixed-sample ELBO, and a model of it that is not
-#: concave at its optimum
-COLLAPSED = "the trust region collapsed on the fixed sample"
-NOT_CONCAVE = "not certified: the model of the ELBO is not concave"
 
 
 class FixedState(NamedTuple):
     """The iterate λ (``params``), the radius, the fixed sample (draws, ℓ per draw, ∇log p at
     the draws, the mean ELBO gradient at λ), the Hessian model ('stein' or 'hvp' on the first
-    ``n_hess`` draws), the counters of rejections and poor model steps, and certifications."""
+    ``n_hess`` draws), the counters of rejections and poor model steps, and certifications;
+    ``not_concave``: samples in a row certified not concave, ``at_limit`` of the last of them
+    certified because they ran out of their iterations, unsolved."""
 
     params: np.ndarray
     delta: float
@@ -99,6 +97,7 @@ class FixedState(NamedTuple):
     certifications: int = 0
     stage_iters: int = 0
     not_concave: int = 0
+    at_limit: int = 0
 
 
 #: How an exploratory run (``explore_floor`` set) ends: its problem solved, its iterations
@@ -237,10 +236,11 @@ def step(setup: FixedSetup, state: FixedState, k: int) -> StepOutcome:
             return StepOutcome(state, row, ("converged", EXPLORE_SPENT))
         if solved and np.mean(state.values) + 2.0 * m_prime < setup.explore_floor:
             return StepOutcome(state, row, ("converged", EXPLORE_BELOW))
-    elif (solved and m_prime < INNER_FRACTION * tol_cert) or stage_over:
+    elif (inner_solved := solved and m_prime < INNER_FRACTION * tol_cert) or stage_over:
         # solved on this sample, or ``fixed_stage_iters`` iterations on it (a kinked or very
         # flat fixed-sample ELBO): the fresh-sample test decides either way
-        return certify(setup, state, k, scale, op, hvp_draws, tol_cert, row)
+        return certify(setup, state, k, scale, op, hvp_draws, tol_cert, row,
+                       at_limit=not inner_solved)
     if sol.status == "non_finite" or not np.isfinite(m_prime) or m_prime <= 0:
         return _rejected(setup, state, row, _norm(sol.s) or state.delta,
                          "non-finite Hessian-vector product or step", poor=True)
@@ -308,8 +308,7 @@ def _rejected(setup: FixedSetup, state: FixedState, row: dict, shrink_from: floa
                                               n_hess=n_hess), poor)
     stop = None
     if delta < COLLAPSED_DELTA:
-        stop = ("max_iters", f"{COLLAPSED} (no step improves its ELBO; N = "
-                f"{state.eps.shape[0]} draws)")
+        stop = ("max_iters", collapsed_message(state.eps.shape[0]))
     return StepOutcome(state, row, stop, _display(row))
 
 
@@ -328,8 +327,9 @@ def _union_step(setup: FixedSetup, op, hvp_draws: int, state: FixedState, fresh,
 
 
 def certify(setup: FixedSetup, state: FixedState, k: int, scale: np.ndarray, op,
-            hvp_draws: int, tol_cert: float, row: dict) -> StepOutcome:
-    """The fresh-sample certification of the fixed-sample optimum (module docstring)."""
+            hvp_draws: int, tol_cert: float, row: dict, at_limit: bool = False) -> StepOutcome:
+    """The fresh-sample certification of the fixed-sample optimum (module docstring);
+    ``at_limit``: the sample ran out of its iterations before its problem was solved."""
     o, est, family, ledger = setup.o, setup.est, setup.family, setup.ledger
     params, n = state.params, state.eps.shape[0]
     try:
@@ -364,11 +364,11 @@ def certify(setup: FixedSetup, state: FixedState, k: int, scale: np.ndarray, op,
             f"gains {gain:.2g} nats, so the optimum of all {2 * n} is within about "
             f"{result_gap:.2g} (tolerance {tol_cert:.2g})")))
     not_concave = state.not_concave + 1 if not concave else 0
+    limited = state.at_limit + 1 if not concave and at_limit else 0
     if not_concave >= NOT_CONCAVE_STAGES:
-        return StepOutcome(state._replace(not_concave=not_concave), row, ("max_iters", (
-            f"{NOT_CONCAVE} at the fixed-sample optimum "
-            f"on {n >> (NOT_CONCAVE_STAGES - 1)} to {n} draws (a kinked or multimodal "
-            "objective, or a q at the edge of the model's support)")))
+        return StepOutcome(state._replace(not_concave=not_concave, at_limit=limited), row, (
+            "max_iters", not_concave_message(n >> (NOT_CONCAVE_STAGES - 1), n,
+                                             NOT_CONCAVE_STAGES, limited)))
     if 2 * n > o.fixed_n_max:
         if result_gap <= o.certify_gap:
             return StepOutcome(done, row, ("converged", (
@@ -388,5 +388,6 @@ def certify(setup: FixedSetup, state: FixedState, k: int, scale: np.ndarray, op,
         values=np.concatenate([state.values, fresh.values]),
         model_grads=np.concatenate([state.model_grads, fresh.model_grads]),
         grad=0.5 * (state.grad + fresh.gradient), certifications=certifications,
-        hessian=hessian, n_hess=n_hess, stage_iters=0, not_concave=not_concave)
+        hessian=hessian, n_hess=n_hess, stage_iters=0, not_concave=not_concave,
+        at_limit=limited)
     return StepOutcome(state, row, display=_display(row))

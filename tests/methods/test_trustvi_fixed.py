@@ -109,6 +109,31 @@ def test_refuses_to_certify_a_run_that_is_short(load_target):
     assert fit.message.startswith("not certified"), fit.message
 
 
+def test_a_run_that_ran_out_of_iterations_climbing_is_not_called_kinked():
+    """Three samples that each spent their iterations climbing a flat slope (−Σ log cosh z
+    from 10⁵ away, five iterations a sample) stop ``max_iters`` "not concave", since the fresh
+    Newton step is long; the message says the run was still climbing, not that the objective is
+    kinked at an optimum it never reached (example-models' earnings_latin_square_chr)."""
+    from stanvi.methods.trustvi_stops import NOT_CONCAVE, not_concave_message
+
+    target = JaxTarget(lambda z: -jnp.sum(jnp.logaddexp(z, -z)), 2)
+    family = MeanField(2)
+    est = ElboEstimator(family, target.jax_log_density)
+    context = RunContext(init_mu=None, random_init_mu=np.zeros(2), max_oracle_calls=None,
+                         estimator=est, progress=IterationProgress("trustvi", enabled=False))
+    options = dataclasses.replace(DEFAULT, fixed_stage_iters=5, second_start_iters=0)
+    status, message, params, _ = run_fixed(options, est, family, make_key(0, host=False),
+                                           OracleLedger(), Trace(),
+                                           np.array([1e5, -1e5, 0.0, 0.0]), [], context)
+    assert status == "max_iters"
+    assert message.startswith(NOT_CONCAVE) and "no sample reached its optimum" in message
+    assert "kinked" not in message
+    assert np.max(np.abs(params[:2])) > 10.0     # still far from the mode at 0
+    # a sample among the three that solved its problem: the optimum was reached, so kinked
+    assert "kinked" in not_concave_message(64, 256, 3, 2)
+    assert "no sample reached" in not_concave_message(64, 256, 3, 3)
+
+
 def test_certification_tolerance_and_stage_limits():
     o = DEFAULT
     assert certify_tolerance(o, 20) == pytest.approx(0.5 * 20 * o.certify_rms ** 2)
