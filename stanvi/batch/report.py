@@ -34,7 +34,7 @@ import numpy as np
 
 from stanvi.batch import report_page as rp
 from stanvi.batch.recommend import label, recommend
-from stanvi.batch.report_curves import evaluations_plot
+from stanvi.batch.report_curves import config_colours, evaluations_plot
 from stanvi.batch.reference_job import NO_FAMILY
 from stanvi.batch.runner import OK_STATUSES
 from stanvi.batch.store import RunStore
@@ -96,6 +96,7 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     made = []
+    colours = config_colours(plt, grouped)
     kept = {name: [p for p in pairs if p.get("quality") and not p["excluded"]]
             for name, pairs in pairs_by_name.items()}
     if any(len(k) >= 3 for k in kept.values()):   # a CDF of fewer models says nothing
@@ -104,16 +105,16 @@ def _plots(out: Path, grouped, rows, pairs_by_name) -> list[str]:
         (out / "cdf_speedups.png").unlink(missing_ok=True)
 
     if any(r["mean_error_sd"] is not None and r.get("median_run_time") for r in rows):
-        made.append(_accuracy_plot(plt, out, rows))
+        made.append(_accuracy_plot(plt, out, rows, colours))
     else:   # nothing to plot: no stale figure from an earlier report in the same directory
         (out / "accuracy.png").unlink(missing_ok=True)
 
-    curve = evaluations_plot(plt, out, grouped)
+    curve = evaluations_plot(plt, out, grouped, colours)
     made += [curve] if curve else []
 
     chosen = trace_models(rows, pairs_by_name)
     if chosen:
-        fig = trace_figure(plt, grouped, chosen)
+        fig = trace_figure(plt, grouped, chosen, colours)
         fig.savefig(out / "traces.png", dpi=100)
         plt.close(fig)
         made.append("traces.png")
@@ -137,10 +138,10 @@ def _cdf_plot(plt, out: Path, kept: dict[str, list[dict]]) -> str:
                  "Speed-ups (paper: ≥12× on 50%, ≥36× on 25% vs ADVI)")
 
 
-def _accuracy_plot(plt, out: Path, rows) -> str:
+def _accuracy_plot(plt, out: Path, rows, colours: dict[str, tuple]) -> str:
     """Accuracy against cost, per method: each model's median run (small dots) and the
     method's median over models (a large marker), run time per fit against W1 / sd_ref (the
-    standardized mean error where a run has no W1)."""
+    standardized mean error where a run has no W1), in the report's colour per method."""
     from stanvi.batch.recommend import W1_OK, label  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -153,9 +154,9 @@ def _accuracy_plot(plt, out: Path, rows) -> str:
         if not len(pts):
             continue
         pts[:, 1] = np.clip(pts[:, 1], 1e-3, cap)
-        dots = ax.scatter(pts[:, 0], pts[:, 1], s=8, alpha=0.35)
+        ax.scatter(pts[:, 0], pts[:, 1], s=8, alpha=0.35, color=colours[cfg])
         ax.scatter(np.median(pts[:, 0]), np.median(pts[:, 1]), s=90, edgecolor="black",
-                   color=dots.get_facecolor()[0], label=f"{label(cfg)} ({len(pts)} models)")
+                   color=colours[cfg], label=f"{label(cfg)} ({len(pts)} models)")
     ax.axhline(W1_OK, color="grey", ls=":", lw=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -189,16 +190,15 @@ def trace_models(rows: list[dict], pairs_by_name: dict[str, list[dict]], n: int 
     return chosen + fill[:n - len(chosen)]
 
 
-def trace_figure(plt, grouped, chosen: list[str]):
+def trace_figure(plt, grouped, chosen: list[str], colours: dict[str, tuple] | None = None):
     """ELBO against oracle calls of each configuration's median run, one panel per model in
     ``chosen``; a configuration has the same colour in every panel, and one legend (above the
     panels) names every configuration drawn, so a panel where a configuration failed (and has no
-    line) does not shift the others' colours."""
+    line) does not shift the others' colours; ``colours``: the report's colour per
+    configuration (:func:`~stanvi.batch.report_curves.config_colours`), shared by its plots."""
     from stanvi.evaluation.protocol import median_run  # noqa: PLC0415
 
-    configs = sorted({cfg for model in chosen for cfg in grouped[model]})
-    palette = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
-    colour = {cfg: palette(i % palette.N) for i, cfg in enumerate(configs)}
+    colour = colours or config_colours(plt, {model: grouped[model] for model in chosen})
     fig, axes = plt.subplots(2, 3, figsize=(11, 7), squeeze=False)
     drawn: dict[str, Any] = {}
     for ax, model in zip(axes.flat, chosen):

@@ -42,8 +42,13 @@ def gap_curve(draws: np.ndarray, elbo: np.ndarray, best: float,
 
 def curves(grouped: dict[str, dict[str, list[dict]]]) -> tuple[dict, dict]:
     """({config: median gap over models on GRID}, {config: (median evaluations, median final
-    gap)} for configurations without trace points)."""
-    per_cfg: dict[str, list[np.ndarray]] = {}
+    gap)} for configurations none of whose median runs has trace points).
+
+    A configuration is drawn one way only: where some of its median runs have a trace, a model
+    whose median run has none (a partial record, kept without its trace) enters its curve by
+    its end alone, as a trace of one point, so that no configuration is also drawn as a point
+    that stands for a few models."""
+    traced: dict[str, list[np.ndarray]] = {}
     ends: dict[str, list[tuple[float, float]]] = {}
     for model, configs in grouped.items():
         meds = {cfg: median_run([as_run(r) for r in recs]) for cfg, recs in configs.items()}
@@ -53,20 +58,46 @@ def curves(grouped: dict[str, dict[str, list[dict]]]) -> tuple[dict, dict]:
         best = max(finals)
         for cfg, med in meds.items():
             if med.trace_draws.size:
-                per_cfg.setdefault(cfg, []).append(gap_curve(med.trace_draws, med.trace_elbo,
-                                                             best))
+                traced.setdefault(cfg, []).append(gap_curve(med.trace_draws, med.trace_elbo,
+                                                            best))
             elif math.isfinite(med.final_elbo):
                 ends.setdefault(cfg, []).append((med.draw_evals, best - med.final_elbo))
-    lines = {cfg: np.median(np.vstack(gs), axis=0) for cfg, gs in per_cfg.items()}
+    for cfg in set(traced) & set(ends):   # its untraced models: a one-point trace at the end
+        traced[cfg] += [gap_curve(np.array([evals]), np.array([-gap]), best=0.0)
+                        for evals, gap in ends.pop(cfg)]
+    lines = {cfg: np.median(np.vstack(gs), axis=0) for cfg, gs in traced.items()}
     points = {cfg: (float(np.median([e for e, _ in pts])), float(np.median([g for _, g in pts])))
               for cfg, pts in ends.items()}
     return lines, points
 
 
-def evaluations_plot(plt, out, grouped) -> str | None:
+def without_elbo(grouped: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """The configurations with runs none of which has a finite final ELBO (multi-path
+    Pathfinder: its draws are resampled from several paths' Gaussians, so there is no one q
+    whose ELBO the batch could evaluate); the plot names them instead of leaving them out
+    silently."""
+    runs: dict[str, bool] = {}
+    for configs in grouped.values():
+        for cfg, recs in configs.items():
+            finite = any(math.isfinite(as_run(r).final_elbo) for r in recs)
+            runs[cfg] = runs.get(cfg, False) or finite
+    return sorted(cfg for cfg, any_finite in runs.items() if not any_finite)
+
+
+def config_colours(plt, grouped: dict[str, dict[str, list[dict]]]) -> dict[str, tuple]:
+    """One colour per configuration of the report, the same in every plot (a configuration
+    drawn blue in one figure and orange in the next was read as another method): tab10 by
+    sorted name, tab20 past ten configurations."""
+    configs = sorted({cfg for configs in grouped.values() for cfg in configs})
+    palette = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
+    return {cfg: palette(i % palette.N) for i, cfg in enumerate(configs)}
+
+
+def evaluations_plot(plt, out, grouped, colours: dict[str, tuple] | None = None) -> str | None:
     """Write ``evaluations.png``; None (and no file) when no configuration has a trace."""
     from stanvi.batch.recommend import label  # noqa: PLC0415
 
+    colours = colours or config_colours(plt, grouped)
     lines, points = curves(grouped)
     path = out / "evaluations.png"
     if not lines:
@@ -75,10 +106,11 @@ def evaluations_plot(plt, out, grouped) -> str | None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for cfg, gap in sorted(lines.items()):
         shown = np.isfinite(gap)
-        ax.plot(GRID[shown], np.maximum(gap[shown], GAP_FLOOR), lw=1.5, label=label(cfg))
+        ax.plot(GRID[shown], np.maximum(gap[shown], GAP_FLOOR), lw=1.5, label=label(cfg),
+                color=colours[cfg])
     for cfg, (evals, gap) in sorted(points.items()):
         ax.scatter([evals], [max(gap, GAP_FLOOR)], s=60, marker="D", edgecolor="black",
-                   label=f"{label(cfg)} (end only)")
+                   color=colours[cfg], label=f"{label(cfg)} (end only)")
     ax.axhline(1.0, color="grey", ls=":", lw=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -86,6 +118,11 @@ def evaluations_plot(plt, out, grouped) -> str | None:
     ax.set_ylabel("ELBO gap to the best method (nats)")
     ax.set_title(f"Accuracy against evaluations: median over models ({len(grouped)})\n"
                  "of each configuration's median run (dotted: 1 nat)", fontsize=9)
+    unshown = without_elbo(grouped)
+    if unshown:
+        ax.text(0.01, 0.01, "not shown, no ELBO (resampled draws): "
+                + ", ".join(label(c) for c in unshown), transform=ax.transAxes, fontsize=7,
+                va="bottom", ha="left", color="dimgrey")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
