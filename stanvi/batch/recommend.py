@@ -104,3 +104,16 @@ def recommend(rows: list[dict[str, Any]], reference_ok: bool | None = None) -> d
             "why": (f"no variational fit was accurate on every seed (closest: "
                     f"{label(closest['config'])}, {_figures(closest)}, {closest['ok']} of "
                     f"{closest['runs']} seeds ran): use NUTS" + caveat)}
+
+
+def headline(rec: dict[str, Any]) -> str:
+    """A recommendation as the report's one-line summary of a model shows it: the configuration
+    (with "means only" where only its means are acceptable), "NUTS" where no variational fit was
+    accurate on every seed (also when the batch ran no NUTS configuration of its own: the
+    reference is NUTS), and "not judged" only where nothing had accuracy figures."""
+    if rec["level"] == "nuts":
+        return label(rec["config"]) if rec["config"] else "NUTS"
+    if rec["config"] is None:
+        return "not judged"
+    return label(rec["config"]) + (" (means only)" if rec["level"] == "means" else "")
+

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from stanvi.batch import report_page as rp
-from stanvi.batch.recommend import label, recommend
+from stanvi.batch.recommend import headline, label, recommend
 from stanvi.batch.report_curves import config_colours, evaluations_plot
 from stanvi.batch.reference_job import NO_FAMILY
 from stanvi.batch.runner import OK_STATUSES
@@ -342,8 +342,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
         page.append(
             f"<details id='{rp.model_anchor(model)}'><summary><b>{html.escape(model)}</b> "
             f"(D = {dims.get(model, '?')}): "
-            f"{html.escape(label(rec['config']) if rec['config'] else 'not judged')}"
-            f"{' (means only)' if rec['level'] == 'means' else ''}"
+            f"{html.escape(headline(rec))}"
             f"</summary><p class='why'>{html.escape(rec['why'])}.{ref_text}</p>"
             f"{rp.table(model_rows_, rp.MODEL_COLUMNS)}</details>")
     if summaries:

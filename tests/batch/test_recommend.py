@@ -4,7 +4,7 @@ none is."""
 
 from __future__ import annotations
 
-from stanvi.batch.recommend import label, recommend
+from stanvi.batch.recommend import headline, label, recommend
 
 
 def row(config, mean_error, w1, time, runs=3, ok=3, evals=1000, worst=None):
@@ -56,6 +56,21 @@ def test_means_only_and_nuts_fallbacks():
     assert bad["config"] == "nuts:diag:none" and bad["level"] == "nuts"
     assert "use NUTS" in bad["why"] and "failed its checks" in bad["why"]
     assert recommend([row("trustvi:default:meanfield", None, None, 0.02)])["level"] == "unjudged"
+
+
+def test_a_model_where_no_fit_was_accurate_is_headed_nuts_even_without_a_nuts_fit():
+    """T3-4's batches compute NUTS as the reference, not as a configuration: the 34 models whose
+    recommendation is "use NUTS" were headed "not judged" in the report's list."""
+    use_nuts = recommend([row("trustvi:default:meanfield", 0.4, 0.9, 0.02)])
+    assert use_nuts["level"] == "nuts" and use_nuts["config"] is None
+    assert headline(use_nuts) == "NUTS"
+    assert headline(recommend([row("trustvi:default:meanfield", 0.4, 0.9, 0.02), NUTS])) == "NUTS"
+    assert headline(recommend([row("trustvi:default:meanfield", None, None, 0.02)])) == (
+        "not judged")
+    assert headline(recommend([row("trustvi:default:meanfield", 0.03, 0.5, 0.02)])) == (
+        "TrustVI default (mean-field) (means only)")
+    assert headline(recommend([row("pathfinder:single:none", 0.03, 0.05, 0.02)])) == (
+        "Pathfinder (1 path)")
 
 
 def test_labels():
