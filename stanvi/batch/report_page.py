@@ -129,18 +129,39 @@ METHOD_COLUMNS = [("Method", "method", None), ("Models", "models", None),
                   ("Recommended on (models)", "recommended", None)]
 
 
+#: What a failure message says before its reason, which the table's columns already say: the
+#: exception's class, "Stan's ADVI (meanfield) failed on model 'x': Stan's ADVI (meanfield)
+#: failed with code 70:", "model 'x':", and Stan's "warn:" tags.
+_WRAPPERS = re.compile(r"^\w*(Error|Exception): |Stan's [\w ]+(\([\w -]+\) )?failed (on model "
+                       r"'[^']*'|with code -?\d+): ?|^model '[^']*': |\bwarn: ")
+#: A reason longer than this is cut at a word, with an ellipsis.
+REASON_CHARS = 160
+
+
 def _reason(message: str) -> str:
-    """A failure message reduced to its kind: numbers, quoted values and paths blanked, cut at
-    the first sentence, so that the same failure on different models groups together.  Stan's
-    progress lines in a message (``info: Success! Found best value [eta = 1] ...``, printed
-    before its ADVI gives up with code 70) are not the reason and are left out."""
+    """A failure message reduced to its kind: what the method, status and models columns say
+    already left out (``_WRAPPERS``), numbers, quoted values and paths blanked, cut at the first
+    sentence and at a word, so that the same failure on different models groups together and
+    reads whole.  Stan's progress lines in a message (``info: Success! Found best value
+    [eta = 1] ...``, printed before its ADVI gives up with code 70) are not the reason and are
+    left out."""
     lines = [ln for ln in (message or "").splitlines() if not ln.strip().startswith("info:")]
-    text = re.sub(r"(/[\w.\-]+)+", "…", " ".join(ln.strip() for ln in lines))
+    text = re.sub(r"\s+", " ", " ".join(lines)).strip()
+    while (shorter := _WRAPPERS.sub("", text, count=1)) != text:
+        text = shorter.strip()
+    text = re.sub(r"(/[\w.\-]+)+", "…", text)
     text = re.sub(r"-?\d[\d.,e+\-]*", "#", text)
     # quoted values ('x', "y"), not apostrophes (Stan's, q's)
     text = re.sub(r"(?<!\w)'[^']*'(?!\w)|\"[^\"]*\"", "'…'", text)
     text = re.sub(r"\b\w+(::\w+)+:\s*", "", text)     # C++ function names before Stan's messages
-    return text.split(";")[0].split(". ")[0][:200].strip() or "(no message)"
+    text = re.split(r"(?<!\bi\.e)\. ", text.split(";")[0])[0].strip().rstrip(".")
+    if len(text) > REASON_CHARS:
+        text = text[:REASON_CHARS].rsplit(" ", 1)[0].rstrip(",:;") + " …"
+    elif text.count("(") > text.count(")"):   # a parenthesis the cut at ';' left open
+        text += ")"
+    if re.match(r"[a-z]+\b", text):   # a sentence, not an identifier (failed_gradient)
+        text = text[0].upper() + text[1:]
+    return text or "(no message)"
 
 
 def failure_rows(fits: list[dict], ok_statuses) -> list[dict]:

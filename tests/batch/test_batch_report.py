@@ -260,6 +260,6 @@ def test_incomplete_records_are_grouped_with_the_failures():
     rows = failure_rows(fits, OK_STATUSES)
     assert len(rows) == 2
     assert rows[0]["status"] == "converged, record incomplete" and rows[0]["fits"] == 2
-    assert rows[0]["reason"] == "stopped after # s (the task's timeout) after: fit, elbo"
+    assert rows[0]["reason"] == "Stopped after # s (the task's timeout) after: fit, elbo"
     assert rows[0]["models"] == "m1, m2"
     assert rows[1]["status"] == "failed" and rows[1]["models"] == "m4"

@@ -91,4 +91,27 @@ def test_a_failure_reason_leaves_out_stans_progress_lines():
            "evaluations has reached its maximum amount (10). Your model may be ill-conditioned.")
     reason = _reason(msg)
     assert "Success" not in reason and "dropped evaluations" in reason
-    assert "'…'" in reason and "(#)" in reason and "\n" not in reason
+    assert "(#)" in reason and "\n" not in reason
+    # what the method and status columns say already is left out of the reason
+    assert reason == "The number of dropped evaluations has reached its maximum amount (#)"
+
+
+def test_a_failure_reason_reads_whole():
+    """Stan's tags and the exception's class left out, cut at a word (not mid-word at 200
+    characters as before: "... the initial val"), "i.e." not taken for a sentence's end, and a
+    parenthesis the cut at ';' left open closed."""
+    from stanvi.batch.report_page import REASON_CHARS, _reason
+
+    assert _reason("ReferenceRunError: Stan's Pathfinder failed on model 'x': Stan's Pathfinder "
+                   "(single) failed with code 70:\nwarn: Rejecting initial value:\n  warn: Log "
+                   "probability evaluates to log(0), i.e. negative infinity.\n") == (
+        "Rejecting initial value: Log probability evaluates to log(#), i.e. negative infinity")
+    assert _reason("ModelEvaluationError: model 'wells': Initialization failed after 100 "
+                   "attempts; last error: ...") == "Initialization failed after # attempts"
+    assert _reason("the trust region collapsed on the fixed sample (no step improves its ELBO; "
+                   "N = 64 draws)") == ("The trust region collapsed on the fixed sample (no step "
+                                       "improves its ELBO)")
+    long = _reason("Optimization terminated with error: " + "line search failed " * 20)
+    assert long.endswith(" line …") and len(long) <= REASON_CHARS + 2
+    assert _reason("failed_gradient at the certification") == (
+        "failed_gradient at the certification")
