@@ -77,19 +77,15 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     target = StanTarget(compiled, data, progress=False)
     if method == "stan-advi":
         fit = stan_advi(compiled, data, algorithm=job["family"], seed=seed, **options)
-        converged = "CONVERGED" in fit.messages[0]
-        status = "converged" if converged else "max_iters"
     elif method == "pathfinder":
         if profile == "single":
             options["num_paths"] = 1
         fit = pathfinder(compiled, data, seed=seed, **options)
-        status = "converged"
     else:
         fit = nuts(compiled, data, seed=seed, metric="dense_e" if profile == "dense" else "diag_e",
                    **options)
-        status = "sampled"
     record: dict[str, Any] = {
-        "status": status, "message": "", "dim": int(target.dim), "elbo": None, "elbo_se": None,
+        "status": fit.status, "message": "", "dim": int(target.dim), "elbo": None, "elbo_se": None,
         "final_elbo": None, "iterations": None, "trace": [], "trace_thinned": False,
         "oracle": {"gradient": fit.gradient_evaluations, "density": fit.density_evaluations},
         "draw_evaluations": fit.gradient_evaluations + fit.density_evaluations,

@@ -111,13 +111,11 @@ def _figures(method: str, result, target, common: np.ndarray) -> dict[str, Any]:
             elbo = stan_advi_elbo(result, target, [common])[0][0]
         except ValueError:
             elbo = math.nan
-        status = "converged" if "CONVERGED" in result.messages[0] else "max_iters"
     else:
         ratio = result.log_p - result.log_q
         ratio = ratio[np.isfinite(ratio)]
         elbo = float(np.mean(ratio)) if method == "pathfinder" and ratio.size else math.nan
-        status = "converged"
-    return {"status": status, "wall": result.wall_time,
+    return {"status": result.status, "wall": result.wall_time,
             "evaluations": result.gradient_evaluations + result.density_evaluations, "hvp": 0,
             "elbo": elbo,
             "khat": result.diagnostics().khat if result.has_proposal_density else None,

@@ -92,6 +92,49 @@ class ReferenceFit:
     def num_draws(self) -> int:
         return next(iter(self.stan_columns.values())).shape[0] if self.stan_columns else 0
 
+    @property
+    def method(self) -> str:
+        """The ``stanvi.fit`` method that runs this algorithm: 'nuts', 'pathfinder' or
+        'stan-advi' (``fit.method``, as on stanvi's own fits)."""
+        return {"nuts-dense": "nuts", "pathfinder-multi": "pathfinder"}.get(self.algorithm,
+                                                                            self.algorithm)
+
+    @property
+    def status(self) -> str:
+        """The run's outcome under the names of stanvi's fits (docs/stan_reference.md#outcome):
+        Stan's ADVI 'converged' when Stan says its relative ELBO change converged, else
+        'max_iters'; Pathfinder 'converged' (it returns only when its L-BFGS stopped by its own
+        rule; a failure raises); NUTS 'sampled' (whether its draws can be trusted is
+        :meth:`diagnostics`: R-hat, ESS, divergences)."""
+        if self.algorithm == "stan-advi":
+            return "converged" if "CONVERGED" in "".join(self.messages[:1]) else "max_iters"
+        return "sampled" if self.algorithm.startswith("nuts") else "converged"
+
+    @property
+    def converged(self) -> bool:
+        """``status == 'converged'``, as ``Fit.converged``."""
+        return self.status == "converged"
+
+    @property
+    def message(self) -> str:
+        """Why the run ended, where Stan says more than the status: Stan's ADVI's line that
+        says it converged or reached its iteration limit; '' otherwise."""
+        if self.algorithm != "stan-advi":
+            return ""
+        lines = "".join(self.messages[:1]).splitlines()
+        said = [ln.strip() for ln in lines if "CONVERGED" in ln or "maximum number" in ln]
+        return said[-1] if said else ""
+
+    @property
+    def seed(self) -> int | None:
+        """The seed the run was given (``settings['seed']``)."""
+        return self.settings.get("seed")
+
+    @property
+    def run_time(self) -> float:
+        """Seconds of the algorithm itself (``wall_time``), as ``Fit.run_time``."""
+        return self.wall_time
+
     def stan_variable(self, name: str) -> np.ndarray:
         """The draws of one Stan variable (or one of Stan's own columns)."""
         if name in self.draws:
@@ -229,7 +272,8 @@ class ReferenceFit:
 
     def __repr__(self) -> str:
         names = ", ".join(self.draws)
-        return (f"ReferenceFit({self.algorithm}, model={self.model_name!r}, chains={self.chains}, "
+        return (f"ReferenceFit({self.algorithm}, model={self.model_name!r}, "
+                f"status={self.status!r}, chains={self.chains}, "
                 f"draws={self.num_draws}, gradient_evaluations={self.gradient_evaluations}, "
                 f"wall_time={self.wall_time:.2f}s, variables=[{names}])")
 

@@ -43,6 +43,29 @@ def test_fit_runs_the_same_stan_algorithms(diag_model):
                                   pathfinder(diag_model, DIAG, seed=3, num_paths=1).draws["z"])
 
 
+def test_the_outcome_reads_as_on_stanvi_s_fits(diag_model):
+    """``method``, ``status``, ``converged``, ``message``, ``seed`` and ``run_time`` as on a
+    ``Fit``: a loop over stanvi's and Stan's methods reads each fit's outcome the same way
+    (before, ``fit.status`` on Stan's Pathfinder raised AttributeError)."""
+    runs = {method: stanvi.fit(diag_model, DIAG, method=method, seed=5, progress=False,
+                               **settings)
+            for method, settings in (("pathfinder", {}), ("stan-advi", {}),
+                                     ("nuts", {"num_samples": 100, "num_warmup": 100,
+                                               "chains": 1}))}
+    runs["trustvi"] = stanvi.fit(diag_model, DIAG, method="trustvi", seed=5, progress=False)
+    for method, fit in runs.items():
+        assert fit.method == method and fit.seed == 5 and fit.run_time > 0
+        assert fit.status in ("converged", "max_iters", "sampled") and isinstance(fit.message, str)
+        assert fit.converged == (fit.status == "converged")
+    assert runs["pathfinder"].status == "converged" and runs["nuts"].status == "sampled"
+    advi = runs["stan-advi"]   # Stan says which way its ADVI ended; the status follows it
+    assert advi.status == ("converged" if "CONVERGED" in advi.messages[0] else "max_iters")
+    assert advi.message and advi.message in advi.messages[0]
+    stopped = stan_advi(diag_model, DIAG, seed=5, iter=3, progress=False)
+    assert stopped.status == "max_iters" and "maximum number" in stopped.message
+    assert "status='max_iters'" in repr(stopped)
+
+
 def test_stanvi_only_arguments_are_refused_with_the_stan_setting(diag_model):
     with pytest.raises(ValueError, match=r"draws=50 .*nuts does not take it.*num_samples"):
         stanvi.fit(diag_model, DIAG, method="nuts", draws=50, progress=False)
