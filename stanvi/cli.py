@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="show a model's parameters, shapes, dims and unconstrained dimension")
     p.add_argument("model", help="path of the .stan file or compiled library")
-    p.add_argument("--data", default=None, help="data as a JSON file (needed when the model has data)")
+    p.add_argument("--data", default=None,
+                   help="data as a JSON or R dump (.R) file (needed when the model has data)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_info)
 
@@ -282,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path of the .stan file (compiled and cached on first use) or "
                                  "of a compiled model library")
     p.add_argument("--data", default=None,
-                   help="data as a Stan JSON file (needed when the model has a data block)")
+                   help="data as a Stan JSON or R dump (.R) file (needed when the model has a "
+                   "data block)")
     p.add_argument("--method", default="trustvi", choices=[*available(), *STAN_METHODS],
                    help="variational method (default: trustvi), or Stan's own nuts, pathfinder "
                         "or stan-advi (--option NAME=VALUE under Stan's names)")

@@ -3,7 +3,7 @@
 
 Conventions, for ``<dir>/<stem>.stan``: the data are ``<stem>.data.json`` (Stan JSON) if it
 exists, else ``<stem>.data.R``, else ``<stem>.R`` (R dump, read by
-:func:`stanvi.batch.rdump.read_rdump`).  A model is skipped, with the reason recorded, when
+:func:`stanvi.stan.rdump.read_rdump`).  A model is skipped, with the reason recorded, when
 
 * its program has no ``parameters`` block (nothing to approximate), or
 * it declares data (a non-empty ``data`` block) and no data file is found, or
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stanvi.batch.rdump import read_rdump
+from stanvi.stan.rdump import read_rdump
 
 __all__ = ["ModelCase", "discover_example_models", "load_data", "name_selected", "program_blocks"]
 
@@ -142,7 +142,7 @@ def read_zipped_json(zipped: str | Path):
 
 def load_data(case: ModelCase) -> dict[str, Any] | None:
     """The case's data as Stan JSON values (None for a model without data).  Raises
-    :class:`stanvi.batch.rdump.RDumpError` (incl. ``RDumpNAError``) or ``ValueError`` for data
+    :class:`stanvi.stan.rdump.RDumpError` (incl. ``RDumpNAError``) or ``ValueError`` for data
     that cannot be read."""
     if case.data is None:
         return None

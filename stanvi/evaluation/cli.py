@@ -14,7 +14,7 @@ def add_compare_parser(sub) -> None:
     p = sub.add_parser("compare", help="fit several methods on one model; a table and a "
                                        "recommendation with its reason")
     p.add_argument("model", help="path of the .stan file")
-    p.add_argument("--data", default=None, help="data as a JSON file")
+    p.add_argument("--data", default=None, help="data as a JSON or R dump (.R) file")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma-separated METHOD or METHOD/FAMILY (default: "
                         f"{','.join(DEFAULT_METHODS)}); Stan's nuts, pathfinder, stan-advi too")

@@ -1,6 +1,7 @@
-"""Stan data in and out: a dict, a JSON file path or a JSON string becomes the JSON text the model
-library reads, and Stan's data-validation messages become :class:`StanDataError` naming the
-variable.
+"""Stan data in and out: a dict, a JSON file path, an R dump file path (``.R``, as CmdStan reads
+and stan-dev/example-models ships: :mod:`stanvi.stan.rdump`) or a JSON string becomes the JSON
+text the model library reads, and Stan's data-validation messages become
+:class:`StanDataError` naming the variable (docs/models_and_targets.md#data).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import stanio
 
 from stanvi.errors import StanDataError
+from stanvi.stan.rdump import parse_rdump
 
 DataLike = Mapping[str, Any] | str | os.PathLike | None
 
@@ -23,8 +25,10 @@ DataLike = Mapping[str, Any] | str | os.PathLike | None
 def data_to_json(data: DataLike) -> str:
     """The Stan JSON text for ``data`` ("" for no data).
 
-    ``data`` may be a mapping (numpy arrays and scalars allowed), a path to a ``.json`` file, or a
-    JSON string.  Raises StanDataError for unreadable files and invalid JSON.
+    ``data`` may be a mapping (numpy arrays and scalars allowed), a path to a ``.json`` file or
+    to an R dump file (``.R``: ``name <- c(...)``; another name whose text is R dump, not JSON,
+    is read as one too), or a JSON string.  Raises StanDataError for unreadable files, invalid
+    JSON and invalid R dump (naming the line).
     """
     if data is None:
         return ""
@@ -42,11 +46,15 @@ def data_to_json(data: DataLike) -> str:
             raise StanDataError(f"{path} is not a JSON text file: it is not UTF-8{zipped}") \
                 from None
         source = str(path)
+        if path.suffix in (".R", ".r"):
+            return stanio.dump_stan_json(parse_rdump(text, source))
     else:
         text, source = str(data), "the data string"
     try:
         json.loads(text)
     except json.JSONDecodeError as exc:
+        if re.match(r"\s*(#.*\n\s*)*[\"`]?[A-Za-z.][\w.]*[\"`]?\s*(<-|=)", text):   # R dump
+            return stanio.dump_stan_json(parse_rdump(text, source))
         raise StanDataError(f"{source} is not valid JSON: {exc}") from exc
     return text
 

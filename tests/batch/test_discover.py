@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from stanvi.batch.discover import discover_example_models, load_data, program_blocks
-from stanvi.batch.rdump import RDumpNAError
+from stanvi.stan.rdump import RDumpNAError
 
 NORMAL = "data { int N; vector[N] y; } parameters { real mu; } model { y ~ normal(mu, 1); }"
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from stanvi.batch.rdump import RDumpError, RDumpNAError, parse_rdump, read_rdump
+from stanvi.stan.rdump import RDumpError, RDumpNAError, parse_rdump, read_rdump
 
 TRICKY = '''
 # comment line
@@ -96,3 +96,35 @@ def test_character_variables_are_left_out():
     """example-models' radon data carry county names; Stan data cannot hold strings."""
     d = parse_rdump('county_name <- c("AITKIN", "ANOKA")\nN <- 2\nx <- structure(c("a", "b"), .Dim = c(2))\n')
     assert d == {"N": 2}
+
+
+def test_a_fit_reads_an_r_dump_data_file_as_cmdstan_does(tmp_path):
+    """``stanvi.fit(model, data="x.data.R")`` (example-models ships R dump; before, "is not valid
+    JSON"): the same data as the JSON file, so the same target; R dump text under another
+    name is read too, and an NA names its variable."""
+    import json
+
+    import numpy as np
+
+    from stanvi.errors import StanDataError
+    from stanvi.stan.data import data_to_json
+
+    rdump = tmp_path / "eight.data.R"
+    rdump.write_text('J <- 3L\ny <- c(28, 8, -3)\nsigma <-\nc(15, 10, 16)\n'
+                     'm <- structure(c(1, 2, 3, 4, 5, 6), .Dim = c(2, 3))\n')
+    got = json.loads(data_to_json(rdump))
+    assert got == {"J": 3, "y": [28, 8, -3], "sigma": [15, 10, 16],
+                   "m": [[1, 3, 5], [2, 4, 6]]}
+    assert isinstance(got["J"], int)
+    unnamed = tmp_path / "eight.txt"
+    unnamed.write_text("# written by R\n" + rdump.read_text())
+    assert json.loads(data_to_json(unnamed)) == got
+    bad = tmp_path / "na.R"
+    bad.write_text("N <- 2\nx <- c(1, NA)\n")
+    with pytest.raises(StanDataError, match="x"):
+        data_to_json(bad)
+    not_json = tmp_path / "broken.json"
+    not_json.write_text("{J: 3")
+    with pytest.raises(StanDataError, match="not valid JSON"):
+        data_to_json(not_json)
+    np.testing.assert_array_equal(got["y"], [28, 8, -3])
