@@ -61,8 +61,8 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     from stanvi.batch.fit_figures import (ELBO_DRAWS, RecordStages,  # noqa: PLC0415
                                           common_draws, fit_accuracy)
     from stanvi.evaluation.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
-    from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
-    from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
+    from stanvi.reference import ADVI_DEFAULTS, nuts, pathfinder, stan_advi  # noqa: PLC0415
+    from stanvi.reference.advi import output_samples_to_recover, stan_advi_elbo  # noqa: PLC0415
     from stanvi.reference.diagnostics import stan_diagnostics  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
     from stanvi.stan.services_build import services_library  # noqa: PLC0415
@@ -75,7 +75,13 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     services_library(compiled, progress=False)
     setup = time.perf_counter() - t0
     target = StanTarget(compiled, data, progress=False)
+    extra = 0   # output draws beyond Stan's default, asked for the evaluation's sake
     if method == "stan-advi":
+        # enough output draws to recover q, for its ELBO and verdict (full rank from D = 45);
+        # the extra ones are the evaluation's, in neither the costs nor the accuracy
+        if "output_samples" not in options:
+            options["output_samples"] = output_samples_to_recover(target.dim, job["family"])
+            extra = options["output_samples"] - ADVI_DEFAULTS["output_samples"]
         fit = stan_advi(compiled, data, algorithm=job["family"], seed=seed, **options)
     elif method == "pathfinder":
         if profile == "single":
@@ -84,19 +90,24 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     else:
         fit = nuts(compiled, data, seed=seed, metric="dense_e" if profile == "dense" else "diag_e",
                    **options)
+    density = fit.density_evaluations - extra
     record: dict[str, Any] = {
         "status": fit.status, "message": "", "dim": int(target.dim), "elbo": None, "elbo_se": None,
         "final_elbo": None, "iterations": None, "trace": [], "trace_thinned": False,
-        "oracle": {"gradient": fit.gradient_evaluations, "density": fit.density_evaluations},
-        "draw_evaluations": fit.gradient_evaluations + fit.density_evaluations,
-        "model_evaluations": {"gradient": fit.gradient_evaluations,
-                              "log_density": fit.density_evaluations},
+        "oracle": {"gradient": fit.gradient_evaluations, "density": density},
+        "draw_evaluations": fit.gradient_evaluations + density,
+        "model_evaluations": {"gradient": fit.gradient_evaluations, "log_density": density},
         "wall_time": fit.wall_time + setup, "compile_time": 0.0, "run_time": fit.wall_time,
         "setup_time": setup, "khat": None, "khat_se": None, "verdict": None, "ess": None,
-        "info": {"algorithm": fit.algorithm}}
+        "info": {"algorithm": fit.algorithm, **({"recovery_draws": extra} if extra else {})}}
     draws_by_label = labelled_draws(fit.stan_variables())
     unconstrained, why = reference_unconstrained(target, draws_by_label)
-    accuracy = fit_accuracy(job, draws_by_label, unconstrained)
+    kept = fit.num_draws - extra   # the default run's draws
+
+    def first(draws: dict | None) -> dict | None:
+        return None if draws is None else {k: v[:kept] for k, v in draws.items()}
+
+    accuracy = fit_accuracy(job, first(draws_by_label), first(unconstrained))
     if accuracy is not None:
         record["accuracy"] = accuracy
     if method == "stan-advi":
