@@ -61,9 +61,10 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     from stanvi.batch.fit_figures import (ELBO_DRAWS, RecordStages,  # noqa: PLC0415
                                           common_draws, fit_accuracy)
     from stanvi.evaluation.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
-    from stanvi.reference import ADVI_DEFAULTS, nuts, pathfinder, stan_advi  # noqa: PLC0415
-    from stanvi.reference.advi import output_samples_to_recover, stan_advi_elbo  # noqa: PLC0415
-    from stanvi.reference.diagnostics import stan_diagnostics  # noqa: PLC0415
+    from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
+    from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
+    from stanvi.reference.diagnostics import (STAN_OUTPUT_DRAWS, draws_to_recover,  # noqa: PLC0415
+                                              stan_diagnostics)
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
     from stanvi.stan.services_build import services_library  # noqa: PLC0415
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
@@ -75,13 +76,16 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     services_library(compiled, progress=False)
     setup = time.perf_counter() - t0
     target = StanTarget(compiled, data, progress=False)
-    extra = 0   # output draws beyond Stan's default, asked for the evaluation's sake
+    # enough output draws to recover q, for its ELBO and verdict (ADVI full rank from D = 45,
+    # single-path Pathfinder from D = 44); the extra ones are the evaluation's, in neither the
+    # costs nor the accuracy
+    extra, setting = 0, {"stan-advi": "output_samples", "single": "num_draws"}.get(
+        method if method == "stan-advi" else profile)
+    if setting is not None and setting not in options:
+        options[setting] = draws_to_recover(target.dim, job["family"] if method == "stan-advi"
+                                            else "quadratic")
+        extra = options[setting] - STAN_OUTPUT_DRAWS
     if method == "stan-advi":
-        # enough output draws to recover q, for its ELBO and verdict (full rank from D = 45);
-        # the extra ones are the evaluation's, in neither the costs nor the accuracy
-        if "output_samples" not in options:
-            options["output_samples"] = output_samples_to_recover(target.dim, job["family"])
-            extra = options["output_samples"] - ADVI_DEFAULTS["output_samples"]
         fit = stan_advi(compiled, data, algorithm=job["family"], seed=seed, **options)
     elif method == "pathfinder":
         if profile == "single":
@@ -127,7 +131,7 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
         except ValueError as exc:
             record["message"] = f"ELBO not computed: {exc}"
     if fit.algorithm == "pathfinder":
-        ratio = fit.log_p - fit.log_q
+        ratio = (fit.log_p - fit.log_q)[:kept]   # the default run's draws
         ratio = ratio[np.isfinite(ratio)]
         if ratio.size > 1:
             record["elbo"] = record["final_elbo"] = float(ratio.mean())

@@ -89,18 +89,6 @@ def advi_final_elbo(fit: ReferenceFit) -> float:
     return float(trace[-1, 2]) if trace is not None and trace.size else float(np.nan)
 
 
-def output_samples_to_recover(dim: int, algorithm: str) -> int:
-    """Output draws enough for :func:`stan_advi_gaussian` to recover q from Stan's output:
-    CmdStan's 1,000 where they identify its unknowns (D(D+1)/2 for full rank, D for
-    mean-field), else one and a half times the unknowns (full rank from D = 45).  What the
-    batch asks of Stan's ADVI, so that its ELBO and verdict are computed as for stanvi's fits
-    (docs/diagnostics.md#stan).  Stan draws them after the optimization, one log density
-    each: the fit and its first 1,000 draws are those of the default run."""
-    unknowns = dim * (dim + 1) // 2 if algorithm == "fullrank" else dim
-    default = int(ADVI_DEFAULTS["output_samples"])
-    return default if unknowns <= default else (3 * unknowns) // 2
-
-
 def stan_advi_gaussian(fit: ReferenceFit, unconstrained: np.ndarray,
                        mean_unconstrained: np.ndarray) -> np.ndarray:
     """The Cholesky factor L of the Gaussian q = N(μ, L Lᵀ) that Stan's ADVI fitted, recovered

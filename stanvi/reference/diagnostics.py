@@ -26,6 +26,25 @@ from stanvi.diagnostics.draws import diagnostic_draw_cap, diagnostic_draw_count,
 from stanvi.diagnostics.report import Diagnostics, compute, decided_diagnostics
 
 
+#: Stan's default number of output draws (ADVI's ``output_samples``, Pathfinder's ``num_draws``)
+STAN_OUTPUT_DRAWS = 1000
+
+
+def draws_to_recover(dim: int, form: str) -> int:
+    """Output draws enough to recover a fit's Gaussian from Stan's output: Stan's 1,000 where
+    they identify its unknowns, else one and a half times the unknowns.  The unknowns: D for
+    mean-field ADVI and D(D+1)/2 for full rank (``form`` 'meanfield' / 'fullrank',
+    :func:`~stanvi.reference.advi.stan_advi_gaussian`: full rank from D = 45), and
+    (D+1)(D+2)/2 + 1 for single-path Pathfinder's quadratic ('quadratic',
+    :func:`quadratic_gaussian`: from D = 44).  The batch asks this many (``output_samples``,
+    ``num_draws``) so that Stan's fits get their ELBO and verdict by the rule of stanvi's
+    (docs/diagnostics.md#stan); Stan draws them after its optimization, one log density each,
+    so the fit and its first 1,000 draws are those of the default run."""
+    unknowns = {"meanfield": dim, "fullrank": dim * (dim + 1) // 2,
+                "quadratic": (dim + 1) * (dim + 2) // 2 + 1}[form]
+    return STAN_OUTPUT_DRAWS if unknowns <= STAN_OUTPUT_DRAWS else (3 * unknowns) // 2
+
+
 def quadratic_gaussian(z: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(m, L) of the Gaussian whose log density, up to a constant, is ``log_q`` at the rows of
     z: −2 log q = zᵀPz − 2 (Pm)ᵀz + c is linear in P's entries, b = Pm and c (least squares).
