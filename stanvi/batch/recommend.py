@@ -116,4 +116,3 @@ def headline(rec: dict[str, Any]) -> str:
     if rec["config"] is None:
         return "not judged"
     return label(rec["config"]) + (" (means only)" if rec["level"] == "means" else "")
-

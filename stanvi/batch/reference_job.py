@@ -79,11 +79,11 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     # enough output draws to recover q, for its ELBO and verdict (ADVI full rank from D = 45,
     # single-path Pathfinder from D = 44); the extra ones are the evaluation's, in neither the
     # costs nor the accuracy
-    extra, setting = 0, {"stan-advi": "output_samples", "single": "num_draws"}.get(
-        method if method == "stan-advi" else profile)
+    setting, form = (("output_samples", job["family"]) if method == "stan-advi" else
+                     ("num_draws", "quadratic") if profile == "single" else (None, None))
+    extra = 0
     if setting is not None and setting not in options:
-        options[setting] = draws_to_recover(target.dim, job["family"] if method == "stan-advi"
-                                            else "quadratic")
+        options[setting] = draws_to_recover(target.dim, form)
         extra = options[setting] - STAN_OUTPUT_DRAWS
     if method == "stan-advi":
         fit = stan_advi(compiled, data, algorithm=job["family"], seed=seed, **options)

@@ -1,5 +1,5 @@
-"""The messages of the fixed-sample TrustVI run's uncertified stops (:mod:`stanvi.methods.
-trustvi_fixed`; docs/algorithms.md#trustvi-fixed, step 5).
+"""The messages of the fixed-sample TrustVI run's uncertified stops
+(:mod:`stanvi.methods.trustvi_fixed`; docs/algorithms.md#trustvi-fixed, step 5).
 
 Which stop a run made is read from its state (``trustvi_fixed.stuck``), never from these texts;
 they are for the user, and say what the run saw.  The fresh-sample certification reads "not
