@@ -143,7 +143,7 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
         record["info"]["divergences"] = int(sum(fit.sampler_diagnostics["divergences"]))
     elif fit.has_proposal_density:
         diag = (fit.diagnostics() if unconstrained is None
-                else stan_diagnostics(fit, target, unconstrained, seed))
+                else stan_diagnostics(fit, target, unconstrained))
         record.update(khat=diag.khat, khat_se=diag.khat_se, verdict=diag.verdict, ess=diag.ess,
                       verdict_figures=diag.verdict_figures())
     stages.done("verdict", report=False)

@@ -21,6 +21,22 @@ CHUNK_ENTRIES = 1 << 24
 KEEP_Z_ENTRIES = 1 << 26
 
 
+#: The seed of the diagnostic draws, the same for every fit (common random numbers, issue T3-5
+#: item 1; docs/diagnostics.md#common-draws): k̂ is then a function of q alone, so two fits
+#: whose q agree get the same verdict, whatever their seeds, and two methods' verdicts on one
+#: model differ by their q's, not by their draws.  A fit's own seed chose them until
+#: 2026-12-06, and the seeds of 79 of 434 TrustVI model-family pairs of T3-4 whose ELBOs agree
+#: within 0.1 nat got different verdicts.
+DIAGNOSTIC_SEED = 0
+
+
+def _generator(seed: int | None, batch: int) -> np.random.Generator:
+    """The diagnostic draws' generator: ``seed`` (None: :data:`DIAGNOSTIC_SEED`) and the
+    batch of added draws (:mod:`stanvi.diagnostics.verdict`: batches 1, 2, …)."""
+    base = DIAGNOSTIC_SEED if seed is None else int(seed)
+    return np.random.default_rng([base, 0x5D1A6] + ([int(batch)] if batch else []))
+
+
 def diagnostic_draw_count(dim: int, n_output: int = 0) -> int:
     """S_diag = max(n_output, min(32000, max(4000, 64000 // D))): the number of draws from q on
     which k̂ is computed (:mod:`stanvi.diagnostics.report`: the GPD tail fit uses 3√S of them)."""
@@ -68,16 +84,16 @@ def can_draw(fit) -> bool:
 def diagnostic_log_densities(fit, n_draws: int | None = None, seed: int | None = None,
                              batch: int = 0) -> DiagnosticSample | None:
     """log p, log q and the model's messages at S_diag fresh draws from the fit's q, drawn with
-    a seed derived from ``fit.seed`` (and ``batch``: the verdict's added draws,
-    :mod:`stanvi.diagnostics.verdict`, are batches 1, 2, …): one batched log-density call (no
-    gradients), plus log q.  Returns None when the fit has no target to evaluate."""
+    ``seed`` (None: :data:`DIAGNOSTIC_SEED`, whatever the fit's seed) and ``batch`` (the
+    verdict's added draws, :mod:`stanvi.diagnostics.verdict`, are batches 1, 2, …): one
+    batched log-density call (no gradients), plus log q.  Returns None when the fit has no
+    target to evaluate."""
     if not can_draw(fit):
         return None
     target, family = fit.target, fit.family
     dim = int(family.dim)
     n = diagnostic_draw_count(dim, len(fit.log_p)) if n_draws is None else int(n_draws)
-    entropy = [int(fit.seed if seed is None else seed), 0x5D1A6] + ([int(batch)] if batch else [])
-    rng = np.random.default_rng(entropy)
+    rng = _generator(seed, batch)
     width = int(family.base_dim)
     params = np.asarray(fit.params, dtype=float)
     # in blocks of rows (the same draws: NumPy's generator fills row after row), so that memory
@@ -135,19 +151,19 @@ def evaluated(target, z: np.ndarray, log_q: np.ndarray) -> DiagnosticSample:
                             None)
 
 
-def gaussian_draws(target, mean: np.ndarray, chol: np.ndarray, seed: int):
+def gaussian_draws(target, mean: np.ndarray, chol: np.ndarray, seed: int | None = None):
     """``draw(n, batch)`` for the verdict (:mod:`stanvi.diagnostics.verdict`) of a Gaussian
     q = N(m, L Lᵀ) known only by m and L (Stan's ADVI and Pathfinder, recovered from their
     output: :mod:`stanvi.reference.diagnostics`): n draws z = m + L ε, their log p through
-    ``target`` and log q = log φ(ε) − Σ log L_ii, seeded as a stanvi fit's diagnostic draws."""
+    ``target`` and log q = log φ(ε) − Σ log L_ii, seeded as a stanvi fit's diagnostic draws
+    (the same ε for the same D: :data:`DIAGNOSTIC_SEED`)."""
     mean = np.asarray(mean, dtype=float)
     chol = np.asarray(chol, dtype=float)
     dim = mean.size
     log_det = float(np.sum(np.log(np.abs(np.diagonal(chol)))))
 
     def draw(n: int, batch: int) -> DiagnosticSample:
-        rng = np.random.default_rng([int(seed), 0x5D1A6] + ([int(batch)] if batch else []))
-        eps = rng.standard_normal((int(n), dim))
+        eps = _generator(seed, batch).standard_normal((int(n), dim))
         z = mean + eps @ chol.T
         log_q = -0.5 * np.sum(eps * eps, axis=1) - log_det - 0.5 * dim * np.log(2.0 * np.pi)
         return evaluated(target, z, log_q)._replace(eps=eps)

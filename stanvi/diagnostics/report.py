@@ -261,6 +261,9 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
     S_diag = :func:`diagnostic_draw_count` fresh draws from q (module docstring); the PSIS log
     weights of the fit's own output draws for reweighting.  With ``resample=True`` also the
     PSIS-resampled output draws (``Diagnostics.resampled``, constrained, by variable name).
+    ``seed``: of the diagnostic draws (None: the same draws for every fit,
+    :data:`~stanvi.diagnostics.draws.DIAGNOSTIC_SEED`; docs/diagnostics.md#common-draws) and of
+    the resampling (None: the fit's seed).
     With ``progress``, draws that last more than ``PROGRESS_DELAY`` seconds (a model slow to
     evaluate, a band open at the cap of 8 S_diag) show what is being drawn and why, as model
     compiles show their stage (:class:`stanvi.progress.StageProgress`;
@@ -277,7 +280,7 @@ def diagnose(fit, *, resample: bool = False, n_resample: int | None = None,
                            logger=get_logger("diagnostics")) as shown:
             shown.stage(f"k-hat on {first:,} draws from q")
             d = decided_diagnostics(
-                lambda n, batch: diagnostic_log_densities(fit, n, batch=batch), first,
+                lambda n, batch: diagnostic_log_densities(fit, n, seed=seed, batch=batch), first,
                 diagnostic_draw_cap(fit.family.dim, first), status=fit.status,
                 message=fit.message, method=fit.method, output_log_ratios=out_r,
                 gaussian=bool(getattr(fit.family, "gaussian", False)),

@@ -171,7 +171,7 @@ def compare(model, data=None, *, methods=DEFAULT_METHODS, reference: str | None 
                       recommendation=recommendation, reason=reason, seed=seed, notes=notes)
 
 
-def _stan_verdict(result, target, seed: int):
+def _stan_verdict(result, target):
     """Stan's ADVI or Pathfinder judged by stanvi's verdict, on the same number of draws
     (:func:`stanvi.reference.diagnostics.stan_diagnostics`); on Stan's own draws when they
     cannot be mapped to the unconstrained space."""
@@ -181,7 +181,7 @@ def _stan_verdict(result, target, seed: int):
     unconstrained, _ = reference_unconstrained(target, labelled_draws(result.draws))
     if unconstrained is None:
         return result.diagnostics()
-    return stan_diagnostics(result, target, unconstrained, seed)
+    return stan_diagnostics(result, target, unconstrained)
 
 
 def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any]:
@@ -197,7 +197,7 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
                                  + (result.density_evaluations or 0))
         row["seconds"] = float(result.wall_time)
         if result.has_proposal_density:
-            diag = _stan_verdict(result, target, seed)
+            diag = _stan_verdict(result, target)
             row.update(khat=float(diag.khat), verdict=diag.verdict, means=diag.means)
             if method == "pathfinder":
                 ratio = np.asarray(result.log_p) - np.asarray(result.log_q)

@@ -71,11 +71,12 @@ def quadratic_gaussian(z: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, np
 
 
 def stan_diagnostics(fit, target, unconstrained: dict[str, np.ndarray],
-                     seed: int = 0) -> Diagnostics:
+                     seed: int | None = None) -> Diagnostics:
     """The verdict of Stan's ADVI or single-path Pathfinder (``fit``: a
     :class:`~stanvi.reference.result.ReferenceFit`) by stanvi's rule (module docstring);
     ``unconstrained``: its draws in unconstrained space by ``target``'s unconstrained names
-    (:func:`stanvi.targets.labelled.reference_unconstrained`), in draw order."""
+    (:func:`stanvi.targets.labelled.reference_unconstrained`), in draw order; ``seed``: of the
+    fresh draws (None: those of every fit, :data:`stanvi.diagnostics.draws.DIAGNOSTIC_SEED`)."""
     from stanvi.reference.advi import stan_advi_gaussian  # noqa: PLC0415
 
     zeta = np.column_stack([np.asarray(unconstrained[n], dtype=float)
