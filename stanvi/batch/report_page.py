@@ -204,10 +204,16 @@ def summary_text(recommendations: dict[str, dict], n_models: int,
     chosen = Counter(label(rec["config"]) for rec in recommendations.values()
                      if rec["config"] and rec["level"] in ("marginals", "means"))
     trusted = sum(bool(r.get("trustworthy")) for r in references.values())
-    parts = [f"{n_models} models. "]
+    status = Counter(r.get("status") for r in references.values())
+    parts = [f"{n_models} models fitted. "]
     if references:
-        parts.append(f"NUTS references: {len(references)} computed, {trusted} pass R-hat ≤ 1.01, "
-                     f"ESS ≥ 400 and no divergences. ")
+        # the records of models that do not compile carry no reference: not counted as run
+        ran = status["ok"] + status["timeout"] + status["error"]
+        stopped = [f"{status[k]} {what}" for k, what in (("timeout", "timed out"),
+                                                         ("error", "failed")) if status[k]]
+        parts.append(f"NUTS references: {status['ok']} of {ran} run"
+                     f"{' (' + ', '.join(stopped) + ')' if stopped else ''}, {trusted} of them "
+                     f"pass R-hat ≤ 1.01, ESS ≥ 400 and no divergences. ")
     judged = sum(levels[k] for k in ("marginals", "means", "nuts"))
     if judged:
         top = ", ".join(f"{name} on {k}" for name, k in chosen.most_common(4))

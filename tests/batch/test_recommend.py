@@ -115,3 +115,16 @@ def test_a_failure_reason_reads_whole():
     assert long.endswith(" line …") and len(long) <= REASON_CHARS + 2
     assert _reason("failed_gradient at the certification") == (
         "failed_gradient at the certification")
+
+
+def test_the_summary_counts_the_references_that_ran():
+    """The report's opening paragraph: a model that did not compile has a reference record but
+    no NUTS run (T3-4's summary said "401 computed" for 264 finished runs)."""
+    from stanvi.batch.report_page import summary_text
+
+    refs = {"a": {"status": "ok", "trustworthy": True}, "b": {"status": "ok"},
+            "c": {"status": "timeout"}, "d": {"status": "not_compiled"},
+            "e": {"status": "error"}}
+    text = summary_text({}, 4, refs)
+    assert text.startswith("4 models fitted. NUTS references: 2 of 4 run (1 timed out, 1 failed), "
+                           "1 of them pass R-hat")
