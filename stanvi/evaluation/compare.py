@@ -17,7 +17,8 @@ the table gives:
 * ``khat``, ``verdict`` and ``means``: Pareto k̂ of log p − log q at the draws, its band and
   the reading of q's means apart (hold / plausible / doubtful; docs/diagnostics.md#means).
 
-The recommendation (:func:`recommend`): among the approximations that ran to a normal status and
+The recommendation (:func:`recommend`): among the approximations that converged (Stan's ADVI
+too: one that stopped at its iteration limit is ``max_iters``, as stanvi's ADVI is) and
 whose verdict is not "unreliable" — with a reference, those (multi-path Pathfinder
 included, judged by accuracy alone) whose means are within
 :data:`MEAN_ERROR_OK` posterior sd of NUTS's and marginals within :data:`W1_OK` sd (the batch
@@ -192,7 +193,7 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
     row: dict[str, Any] = {"elbo": math.nan, "mean_error_sd": math.nan, "w1_sd": math.nan,
                            "khat": math.nan, "verdict": None, "means": None}
     if method in STAN_METHODS:
-        row["status"] = "ok"
+        row["status"] = result.status   # Stan's ADVI at its iteration limit: max_iters
         row["evaluations"] = int((result.gradient_evaluations or 0)
                                  + (result.density_evaluations or 0))
         row["seconds"] = float(result.wall_time)
@@ -230,7 +231,7 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
 def _means_only(rows: list[dict], with_reference: bool) -> str:
     """The clause naming the approximation whose means alone read plausible (module
     docstring), or ''."""
-    plausible = [r for r in rows if r.get("status") in ("ok", "converged")
+    plausible = [r for r in rows if r.get("status") == "converged"
                  and r.get("means") == "plausible"
                  and (not with_reference or r["mean_error_sd"] <= MEAN_ERROR_OK)]
     if not plausible:
@@ -244,7 +245,7 @@ def recommend(rows: list[dict], with_reference: bool) -> tuple[str, str]:
     """(label, reason) by the rule of the module docstring."""
     vi = [r for r in rows if r["method"] != "NUTS"]
     # with a reference, multi-path Pathfinder (no k-hat) is judged by its accuracy alone
-    sound = [r for r in vi if r.get("status") in ("ok", "converged")
+    sound = [r for r in vi if r.get("status") == "converged"
              and r.get("verdict") != "unreliable"
              and (with_reference or r.get("verdict") is not None)]
     if with_reference:

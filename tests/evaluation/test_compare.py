@@ -41,7 +41,7 @@ def test_with_a_reference_accuracy_decides_and_pathfinder_without_khat_counts():
     rows = [row("TrustVI", me=0.05, w1=0.15, seconds=0.2),
             row("ADVI", me=0.3, w1=0.4, seconds=0.01),            # inaccurate: out
             row("Pathfinder (4 paths)", me=0.02, w1=0.1, seconds=0.02, verdict=None,
-                status="ok", khat=math.nan)]
+                status="converged", khat=math.nan)]
     pick, reason = recommend(rows, with_reference=True)   # both quick: the smaller W1
     assert pick == "Pathfinder (4 paths)" and "mean error 0.02 sd, W1 0.1 sd" in reason
     assert "no k-hat" in reason
@@ -52,6 +52,14 @@ def test_with_a_reference_accuracy_decides_and_pathfinder_without_khat_counts():
     pick, reason = recommend(rows, with_reference=True)
     assert pick == "NUTS" and "no approximation qualifies" in reason
     assert "means alone" not in reason
+    # Stan's ADVI at its iteration limit is max_iters, as stanvi's is: it does not qualify
+    # (it counted as "ok" before, whatever Stan said)
+    rows[0]["status"] = "converged"
+    rows.append(row("Stan's ADVI (mean-field)", me=0.01, w1=0.05, seconds=0.001,
+                    status="max_iters"))
+    assert recommend(rows, with_reference=True)[0] == "TrustVI"
+    rows[-1]["status"] = "converged"
+    assert recommend(rows, with_reference=True)[0] == "Stan's ADVI (mean-field)"
 
 
 def test_with_none_qualifying_the_reason_names_the_fit_whose_means_alone_read_plausible():
@@ -99,3 +107,16 @@ def test_compare_end_to_end_against_nuts(compiled):
     assert result.recommendation in list(table.index) + ["NUTS"]
     with pytest.raises(ValueError, match="reference must be None or 'nuts'"):
         stanvi.compare(stan_file("bernoulli"), data_file("bernoulli"), reference="advi")
+
+
+@pytest.mark.slow
+def test_stan_s_advi_at_its_iteration_limit_is_max_iters_and_not_recommended(compiled):
+    """Its row's status is what Stan said (it read "ok" whatever Stan said before), so an ADVI
+    run stopped after 3 iterations is not recommended over a converged fit."""
+    compiled("bernoulli")
+    result = stanvi.compare(stan_file("bernoulli"), data_file("bernoulli"),
+                            methods=["trustvi", ("stan-advi", {"iter": 3})], progress=False)
+    statuses = {r["method"]: r["status"] for r in result.rows}
+    assert statuses == {"TrustVI (mean-field)": "converged",
+                        "Stan's ADVI (mean-field)": "max_iters"}
+    assert result.recommendation == "TrustVI (mean-field)"
