@@ -24,15 +24,20 @@ import numpy as np
 
 from stanvi.diagnostics.draws import diagnostic_draw_cap, diagnostic_draw_count, gaussian_draws
 from stanvi.diagnostics.report import Diagnostics, compute, decided_diagnostics
+from stanvi.reference.advi import ADVI_DEFAULTS
+from stanvi.reference.pathfinder import PATHFINDER_DEFAULTS
 
-
-#: Stan's default number of output draws (ADVI's ``output_samples``, Pathfinder's ``num_draws``)
-STAN_OUTPUT_DRAWS = 1000
+#: Per form of q recovered from Stan's output (:func:`draws_to_recover`): the Stan setting
+#: that sets its number of output draws, and Stan's default for it
+OUTPUT_DRAWS_SETTING = {"meanfield": ("output_samples", ADVI_DEFAULTS["output_samples"]),
+                        "fullrank": ("output_samples", ADVI_DEFAULTS["output_samples"]),
+                        "quadratic": ("num_draws", PATHFINDER_DEFAULTS["num_draws"])}
 
 
 def draws_to_recover(dim: int, form: str) -> int:
-    """Output draws enough to recover a fit's Gaussian from Stan's output: Stan's 1,000 where
-    they identify its unknowns, else one and a half times the unknowns.  The unknowns: D for
+    """Output draws enough to recover a fit's Gaussian from Stan's output: Stan's default
+    (1,000; :data:`OUTPUT_DRAWS_SETTING`) where they identify its unknowns, else one and a half
+    times the unknowns.  The unknowns: D for
     mean-field ADVI and D(D+1)/2 for full rank (``form`` 'meanfield' / 'fullrank',
     :func:`~stanvi.reference.advi.stan_advi_gaussian`: full rank from D = 45), and
     (D+1)(D+2)/2 + 1 for single-path Pathfinder's quadratic ('quadratic',
@@ -42,7 +47,8 @@ def draws_to_recover(dim: int, form: str) -> int:
     so the fit and its first 1,000 draws are those of the default run."""
     unknowns = {"meanfield": dim, "fullrank": dim * (dim + 1) // 2,
                 "quadratic": (dim + 1) * (dim + 2) // 2 + 1}[form]
-    return STAN_OUTPUT_DRAWS if unknowns <= STAN_OUTPUT_DRAWS else (3 * unknowns) // 2
+    default = int(OUTPUT_DRAWS_SETTING[form][1])
+    return default if unknowns <= default else (3 * unknowns) // 2
 
 
 def quadratic_gaussian(z: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
