@@ -227,9 +227,26 @@ def fit_records(dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
     return records
 
 
-def check_stores(dirs: list[str | Path]) -> dict[str, Any]:
-    """:func:`check` over the fit records of batch stores."""
-    return check(fit_records(dirs))
+def drawn_in_common(records: Iterable[dict[str, Any]], since: float) -> list[dict[str, Any]]:
+    """The records whose verdict was drawn on the diagnostic draws common to every fit
+    (:data:`stanvi.diagnostics.draws.DIAGNOSTIC_SEED`; docs/diagnostics.md#common-draws), in a
+    store written partly before them: a record of a seed other than ``DIAGNOSTIC_SEED``
+    finished (``finished``, unix seconds) before ``since`` was judged on its own seed's draws
+    and is left out; a ``DIAGNOSTIC_SEED`` record drew the same draws under both rules and
+    stays."""
+    from stanvi.diagnostics.draws import DIAGNOSTIC_SEED  # noqa: PLC0415
+
+    return [r for r in records
+            if str(r.get("seed")) == str(DIAGNOSTIC_SEED) or float(r.get("finished") or 0.0) >= since]
+
+
+def check_stores(dirs: list[str | Path], common_draws_since: float | None = None) -> dict[str, Any]:
+    """:func:`check` over the fit records of batch stores (only those of
+    :func:`drawn_in_common` when ``common_draws_since`` is given)."""
+    records = fit_records(dirs)
+    if common_draws_since is not None:
+        records = drawn_in_common(records, common_draws_since)
+    return check(records)
 
 
 def _line(label: str, a: dict[str, Any], usable: bool | str) -> str:

@@ -131,6 +131,11 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--records", default=None,
                    help="verdict: comma-separated batch runs directories (stanvi batch --out) "
                         "whose fits have reference draws")
+    p.add_argument("--common-draws-since", type=float, default=None, metavar="UNIX_TIME",
+                   help="verdict: leave out the records of seeds other than 0 finished before "
+                        "this time (unix seconds), judged on their own seed's diagnostic draws "
+                        "before the draws were common to every fit (docs/diagnostics.md"
+                        "#common-draws; the T3-4 store: 1796573881)")
     p.set_defaults(func=run_bench)
 
 
@@ -202,7 +207,8 @@ def run_bench(args: argparse.Namespace) -> int:
         if not args.records:
             raise SystemExit("stanvi bench verdict: --records DIR[,DIR...] is required (batch "
                              "runs directories with reference draws)")
-        print(report_text(check_stores(args.records.split(","))))
+        print(report_text(check_stores(args.records.split(","),
+                                       common_draws_since=args.common_draws_since)))
         return 0
     if args.what == "run-cpu":
         from stanvi.bench import run_cpu  # noqa: PLC0415

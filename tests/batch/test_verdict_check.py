@@ -164,3 +164,17 @@ def test_a_reading_whose_figures_the_store_wrote_as_null_is_read_without_a_bound
                                                  "newton_curvature": 8.0,
                                                  "newton_curvature_se": 0.1,
                                                  "means_bound": 0.87}}) == "plausible"
+
+
+def test_records_judged_on_their_own_seeds_draws_are_left_out_of_the_common_draws_figures():
+    from stanvi.batch.verdict_check import drawn_in_common
+
+    old0 = {**_rec("a", 0, "good", 0.05, -1.0), "finished": 100.0}     # seed 0: same draws
+    old1 = {**_rec("a", 1, "unreliable", 0.05, -1.0), "finished": 100.0}
+    new1 = {**_rec("b", 1, "good", 0.05, -1.0), "finished": 300.0}
+    unknown = _rec("c", 2, "good", 0.05, -1.0)                          # no time: before
+    kept = drawn_in_common([old0, old1, new1, unknown], since=200.0)
+    assert kept == [old0, new1]
+    # the pair a flips on all its records and is stable on the ones drawn in common
+    assert check([old0, old1])["stability"]["same"] == 0
+    assert check(kept)["stability"]["pairs"] == 0      # a has one seed left, b one: no pairs
