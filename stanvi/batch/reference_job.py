@@ -63,8 +63,7 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     from stanvi.evaluation.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
     from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
-    from stanvi.reference.diagnostics import (OUTPUT_DRAWS_SETTING,  # noqa: PLC0415
-                                              draws_to_recover, stan_diagnostics)
+    from stanvi.reference.diagnostics import recovery_options, stan_diagnostics  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
     from stanvi.stan.services_build import services_library  # noqa: PLC0415
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
@@ -80,11 +79,7 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     # single-path Pathfinder from D = 44); the extra ones are the evaluation's, in neither the
     # costs nor the accuracy
     form = job["family"] if method == "stan-advi" else "quadratic" if profile == "single" else None
-    setting, default = OUTPUT_DRAWS_SETTING.get(form, (None, 0))
-    extra = 0
-    if setting is not None and setting not in options:
-        options[setting] = draws_to_recover(target.dim, form)
-        extra = options[setting] - default
+    options, extra = recovery_options(form, target.dim, options)
     if method == "stan-advi":
         fit = stan_advi(compiled, data, algorithm=job["family"], seed=seed, **options)
     elif method == "pathfinder":

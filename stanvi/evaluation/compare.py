@@ -17,6 +17,13 @@ the table gives:
 * ``khat``, ``verdict`` and ``means``: Pareto k̂ of log p − log q at the draws, its band and
   the reading of q's means apart (hold / plausible / doubtful; docs/diagnostics.md#means).
 
+Stan's ADVI and single-path Pathfinder are judged on fresh draws of their Gaussian, recovered
+from their output (:mod:`stanvi.reference.diagnostics`); where Stan's default 1,000 output
+draws cannot identify it (full rank from D = 45, Pathfinder from D = 44) Stan is asked for
+enough (:func:`~stanvi.reference.diagnostics.recovery_options`), and the row's evaluations,
+accuracy and Pathfinder's ELBO, and the fit in ``fits``, are those of the default run
+(:func:`~stanvi.reference.diagnostics.default_run`).
+
 The recommendation (:func:`recommend`): among the approximations that converged (Stan's ADVI
 too: one that stopped at its iteration limit is ``max_iters``, as stanvi's ADVI is) and
 whose verdict is not "unreliable" — with a reference, those (multi-path Pathfinder
@@ -42,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from stanvi.methods import STAN_METHODS
+from stanvi.reference.diagnostics import default_run, recovery_options
 from stanvi.reference.result import trust_reasons
 
 #: Methods compared when none are named.
@@ -160,16 +168,32 @@ def compare(model, data=None, *, methods=DEFAULT_METHODS, reference: str | None 
     rows, fits = [], {}
     for method, family, options in specs:
         name = label(method, family, options)
+        # Stan's q recovered for its ELBO and verdict: enough output draws asked, the extra
+        # ones taken off the fit shown, its costs and its accuracy (docs/diagnostics.md#stan)
+        options, extra = recovery_options(_recovered_form(method, family, options), target.dim,
+                                          options)
         result = fit(target, method=method, family=family, seed=seed, progress=progress,
                      **options)
-        fits[name] = result
-        rows.append({"method": name, **_figures(method, result, target, ref_draws, seed)})
+        fits[name] = shown = default_run(result, extra)
+        rows.append({"method": name, **_figures(method, shown, target, ref_draws, seed,
+                                                 recovered=result)})
     recommendation, reason = recommend(rows, reference is not None)
     unjudged = [r["method"] for r in rows if r["verdict"] is None]
     notes = [f"({', '.join(unjudged)}: no single proposal density, so no ELBO or k-hat; judged "
              f"only against a reference)"] if unjudged and reference is None else []
     return Comparison(model=target.name, rows=rows, fits=fits, reference=ref,
                       recommendation=recommendation, reason=reason, seed=seed, notes=notes)
+
+
+def _recovered_form(method: str, family: str, options: dict) -> str | None:
+    """The form of the q Stan's ``method`` fits, as
+    :func:`~stanvi.reference.diagnostics.recovery_options` names it; None where there is none
+    (NUTS, multi-path Pathfinder, stanvi's methods)."""
+    if method == "stan-advi":
+        return family
+    if method == "pathfinder" and int(options.get("num_paths", 4)) == 1:
+        return "quadratic"
+    return None
 
 
 def _stan_verdict(result, target):
@@ -185,8 +209,11 @@ def _stan_verdict(result, target):
     return stan_diagnostics(result, target, unconstrained)
 
 
-def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any]:
-    """One row's figures (module docstring)."""
+def _figures(method: str, result, target, ref_draws, seed: int, recovered=None
+             ) -> dict[str, Any]:
+    """One row's figures (module docstring); ``recovered``: Stan's run with the draws that
+    recover its q (:func:`~stanvi.reference.diagnostics.recovery_options`), for its ELBO and
+    verdict, where ``result`` is that run with Stan's default draws."""
     from stanvi.evaluation.accuracy import marginal_accuracy  # noqa: PLC0415
     from stanvi.targets.labelled import labelled_draws  # noqa: PLC0415
 
@@ -198,7 +225,7 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
                                  + (result.density_evaluations or 0))
         row["seconds"] = float(result.wall_time)
         if result.has_proposal_density:
-            diag = _stan_verdict(result, target)
+            diag = _stan_verdict(recovered or result, target)
             row.update(khat=float(diag.khat), verdict=diag.verdict, means=diag.means)
             if method == "pathfinder":
                 ratio = np.asarray(result.log_p) - np.asarray(result.log_q)
@@ -210,7 +237,10 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
 
                 eps = np.asarray(standard_normal(make_key(seed + 1, host=True), ELBO_DRAWS,
                                                  target.dim))
-                row["elbo"] = float(stan_advi_elbo(result, target, [eps])[0][0])
+                try:
+                    row["elbo"] = float(stan_advi_elbo(recovered or result, target, [eps])[0][0])
+                except ValueError:   # q not recoverable from the draws (too few: the verdict
+                    pass             # says so) or not a Gaussian: no ELBO, NaN
         elif method == "nuts":
             row["verdict"] = ("check R-hat/ESS" if trust_reasons(result.nuts_figures())
                               else "reference")
@@ -256,7 +286,8 @@ def recommend(rows: list[dict], with_reference: bool) -> tuple[str, str]:
         finite = [r["elbo"] for r in sound if math.isfinite(r["elbo"])]
         best = max(finite) if finite else -math.inf
         good = [r for r in sound if math.isfinite(r["elbo"]) and r["elbo"] >= best - ELBO_WITHIN]
-        rule = f"ELBO within {ELBO_WITHIN:g} nat of the best ({best:.4g}), k-hat not unreliable"
+        rule = (f"ELBO within {ELBO_WITHIN:g} nat of the best ({best:.4g}), k-hat not unreliable"
+                if finite else "none converged with an ELBO and a k-hat that is not unreliable")
     if not good:
         return "NUTS", (f"no approximation qualifies ({rule}); sample the posterior with NUTS "
                         f"(method='nuts')" + _means_only(vi, with_reference))

@@ -15,7 +15,9 @@ unconstrained space, and both can be recovered exactly from the output:
 The recovered Gaussian is then drawn from exactly as a stanvi fit's q
 (:func:`stanvi.diagnostics.draws.gaussian_draws`).  Where it cannot be recovered (a larger
 Pathfinder model, a precision that is not positive definite), the verdict is computed on Stan's
-own draws, with the mean shift, and says so in a warning.
+own draws, with the mean shift, and says so in a warning.  Where the default 1,000 draws cannot
+identify q (full-rank ADVI from D = 45, Pathfinder from D = 44), :func:`recovery_options` asks
+Stan for enough and :func:`default_run` gives back the run the default would have made.
 """
 
 from __future__ import annotations
@@ -49,6 +51,44 @@ def draws_to_recover(dim: int, form: str) -> int:
                 "quadratic": (dim + 1) * (dim + 2) // 2 + 1}[form]
     default = int(OUTPUT_DRAWS_SETTING[form][1])
     return default if unknowns <= default else (3 * unknowns) // 2
+
+
+def recovery_options(form: str | None, dim: int, options: dict) -> tuple[dict, int]:
+    """``options`` for a Stan run whose q of ``form`` (:data:`OUTPUT_DRAWS_SETTING`'s keys; None:
+    no q to recover, unchanged) is to be recovered: its output-draw setting at
+    :func:`draws_to_recover` unless the caller set it; and how many draws that adds to Stan's
+    default (0 where the default identifies q), which :func:`default_run` takes off again."""
+    setting, default = OUTPUT_DRAWS_SETTING.get(form, (None, 0))
+    if setting is None or setting in options:
+        return dict(options), 0
+    count = draws_to_recover(dim, form)
+    return {**options, setting: count}, count - int(default)
+
+
+def default_run(fit, extra: int):
+    """``fit`` (Stan's ADVI or single-path Pathfinder, a
+    :class:`~stanvi.reference.result.ReferenceFit`) as the run with Stan's default output draws:
+    without its last ``extra`` draws (those :func:`recovery_options` added) and their log
+    densities, one each, out of its ``density_evaluations``.  Stan draws its output after its
+    optimization, in order, so these are the default run's draws; its ``wall_time`` still
+    includes the extra draws' densities, a small part of it."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    if not extra:
+        return fit
+    form = fit.settings.get("algorithm") if fit.algorithm == "stan-advi" else "quadratic"
+    setting, default = OUTPUT_DRAWS_SETTING[form]
+    kept = fit.num_draws - extra
+
+    def first(arrays: dict | None) -> dict | None:
+        return None if arrays is None else {k: v[:kept] for k, v in arrays.items()}
+
+    return replace(fit, draws=first(fit.draws), stan_columns=first(fit.stan_columns),
+                   log_p=None if fit.log_p is None else fit.log_p[:kept],
+                   log_q=None if fit.log_q is None else fit.log_q[:kept],
+                   density_evaluations=(None if fit.density_evaluations is None
+                                        else fit.density_evaluations - extra),
+                   settings={**fit.settings, setting: kept})
 
 
 def quadratic_gaussian(z: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

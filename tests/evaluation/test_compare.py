@@ -4,6 +4,7 @@ rows whose figures are given, and one comparison end to end on a Stan model."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,3 +121,47 @@ def test_stan_s_advi_at_its_iteration_limit_is_max_iters_and_not_recommended(com
     assert statuses == {"TrustVI (mean-field)": "converged",
                         "Stan's ADVI (mean-field)": "max_iters"}
     assert result.recommendation == "TrustVI (mean-field)"
+
+
+def test_when_no_approximation_is_sound_the_reason_says_so_without_a_best_elbo():
+    rows = [row("TrustVI", elbo=-10.0, verdict="unreliable"),
+            row("ADVI", elbo=-9.0, status="max_iters")]
+    pick, reason = recommend(rows, with_reference=False)
+    assert pick == "NUTS"
+    assert "none converged with an ELBO and a k-hat that is not unreliable" in reason
+    assert "inf" not in reason
+
+
+@pytest.mark.slow
+def test_stan_fits_past_what_1000_draws_identify_get_their_elbo_and_the_default_runs_draws():
+    """Full-rank Stan ADVI at D = 50 (1,275 unknowns) and single-path Pathfinder (1,327): before,
+    compare stopped with "1000 draws cannot identify a 50-dimensional full-rank Gaussian"; now it
+    asks Stan for enough draws (docs/diagnostics.md#stan) and shows the default run."""
+    from stanvi.reference import pathfinder, stan_advi
+    from stanvi.stan.compiler import compile_model
+
+    model = Path(__file__).resolve().parents[2] / "stan_models" / "gaussian_diag" / "gaussian_diag.stan"
+    d = 50
+    rng = np.random.default_rng(0)
+    data = {"D": d, "mu": rng.normal(size=d).tolist(), "sigma": rng.uniform(0.5, 2, d).tolist()}
+    result = stanvi.compare(str(model), data, seed=3, progress=False,
+                            methods=["stan-advi/fullrank", ("pathfinder", {"num_paths": 1})])
+    table = result.table()
+    assert np.all(np.isfinite(table["elbo"])) and np.all(np.isfinite(table["khat"]))
+    compiled = compile_model(model, progress=False)
+    defaults = {"Stan's ADVI (full-rank)": stan_advi(compiled, data, algorithm="fullrank", seed=3),
+                "Pathfinder (1 path)": pathfinder(compiled, data, num_paths=1, seed=3)}
+    for name, default in defaults.items():
+        shown = result.fits[name]
+        # the fit shown is the default run: its draws (ADVI's bit for bit, Pathfinder's to
+        # rounding, 4e-16 here) and its counts
+        assert shown.num_draws == 1000
+        np.testing.assert_allclose(shown.draws["z"], default.draws["z"], rtol=1e-13, atol=1e-13,
+                                   err_msg=name)
+        np.testing.assert_allclose(shown.log_q, default.log_q, rtol=1e-13, err_msg=name)
+        assert shown.density_evaluations == default.density_evaluations
+        assert table.loc[name, "evaluations"] == (default.gradient_evaluations
+                                                  + default.density_evaluations)
+    # single-path Pathfinder's ELBO: the default run's draws' mean of log p - log q
+    ratio = defaults["Pathfinder (1 path)"].log_p - defaults["Pathfinder (1 path)"].log_q
+    assert table.loc["Pathfinder (1 path)", "elbo"] == pytest.approx(float(np.mean(ratio)))
