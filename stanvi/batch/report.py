@@ -326,7 +326,9 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
     failures = rp.failure_rows(fits, OK_STATUSES)
     if failures:
         page += ["<h2>Why fits failed</h2><p class='why'>Failed fits grouped by method, status "
-                 "and the kind of message (numbers and names blanked).</p>",
+                 "and the kind of message (numbers and names blanked); a failure on a model that "
+                 "no method fitted is more likely the model's (or its data's) than the "
+                 "method's.</p>",
                  rp.table(failures, rp.FAILURE_COLUMNS)]
     page.append("<h2>Per model</h2><p class='why'>Each model's recommendation and the figures "
                 "that decide it; open a model for its table.</p>")

@@ -168,8 +168,12 @@ def failure_rows(fits: list[dict], ok_statuses) -> list[dict]:
     """Failed fits grouped by configuration, status and the kind of message, with counts and
     up to three of the models; fits whose record is incomplete (the timeout or a crash stopped
     the evaluation after the fit, docs/batch.md#partial-records) are grouped with them, their
-    status marked so and the reason saying after which stages."""
+    status marked so and the reason saying after which stages.  ``no_method_fit``: how many of
+    a group's fits are on models that no configuration fitted (a model whose data do not fit
+    it, say, rather than the method)."""
     groups: dict[tuple, list[str]] = defaultdict(list)
+    tried = {r["model"] for r in fits if r.get("status") not in ("skipped", "not_compiled")}
+    unfit = tried - {r["model"] for r in fits if r.get("status") in ok_statuses}
     for r in fits:
         if r.get("status") in ("skipped", "not_compiled"):
             continue
@@ -182,13 +186,16 @@ def failure_rows(fits: list[dict], ok_statuses) -> list[dict]:
             key = (label(config_of(r)), r.get("status"), _reason(r.get("message")))
         groups[key].append(r["model"])
     return [{"method": m, "status": s, "reason": why, "fits": len(models),
+             "no_method_fit": sum(model in unfit for model in models),
              "models": ", ".join(sorted(set(models))[:3]) + (" …" if len(set(models)) > 3
                                                               else "")}
             for (m, s, why), models in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
 
 
 FAILURE_COLUMNS = [("Method", "method", None), ("Status", "status", None),
-                   ("Reason", "reason", None), ("Fits", "fits", None), ("Models", "models", None)]
+                   ("Reason", "reason", None), ("Fits", "fits", None),
+                   ("Of them on models no method fitted", "no_method_fit", None),
+                   ("Models", "models", None)]
 
 MODEL_COLUMNS = [("Method", "method", None), ("Fits ok / run", "ok_runs", None),
                  ("Mean error (sd)", "mean_error_sd", error), ("W1 (sd)", "w1_sd", error),

@@ -263,3 +263,7 @@ def test_incomplete_records_are_grouped_with_the_failures():
     assert rows[0]["reason"] == "Stopped after # s (the task's timeout) after: fit, elbo"
     assert rows[0]["models"] == "m1, m2"
     assert rows[1]["status"] == "failed" and rows[1]["models"] == "m4"
+    # m4 has no other fit: no method fitted it; m1 and m2 did converge (incompletely)
+    assert rows[1]["no_method_fit"] == 1 and rows[0]["no_method_fit"] == 0
+    fits.append(record("m4", "advi", 0, -1.0, [0, 1], [0, 1], [-2, -1]))      # now one did
+    assert failure_rows(fits, OK_STATUSES)[1]["no_method_fit"] == 0
