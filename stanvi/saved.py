@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stanvi.diagnostics.report import Diagnostics
 from stanvi.errors import StanviError
 from stanvi.fit_result import Fit, FitTrace
+from stanvi.output.diagnostics_io import diagnostics_from_dataset
 
 if TYPE_CHECKING:
     from stanvi.reference.result import ReferenceFit
@@ -167,27 +167,6 @@ def _trace_from(ds, last_params: np.ndarray) -> FitTrace:
     return trace
 
 
-def _diagnostics_from(ds, method: str) -> Diagnostics:
-    a = dict(ds.attrs)
-    log_ratios = np.asarray(ds["log_ratios"].values, dtype=float) if "log_ratios" in ds else None
-    return Diagnostics(
-        khat=float(a["khat"]), threshold=float(a["threshold"]), verdict=str(a["verdict"]),
-        ess=float(a["ess"]), ess_raw=float(a["ess_raw"]), n_draws=int(a["n_draws"]),
-        n_failed=int(a["n_failed"]), elbo=float(a["elbo"]), elbo_se=float(a["elbo_se"]),
-        log_weights=np.asarray(ds["log_weights"].values, dtype=float), log_ratios=log_ratios,
-        khat_se=float(a.get("khat_se", math.nan)),
-        failed_fraction=float(a.get("failed_fraction", 0.0)),
-        failure_message=str(a.get("failure_message", "")),
-        n_output_draws=int(a.get("n_output_draws", 0)), status=str(a.get("status", "")),
-        message=str(a.get("message", "")), method=str(a.get("method", method)),
-        warnings=list(json.loads(a.get("warnings", "[]"))),
-        borderline=bool(a.get("borderline", False)),
-        mean_shift=float(a.get("mean_shift", math.nan)),
-        mean_shift_at=int(a.get("mean_shift_at", -1)),
-        # a fit saved before the means were read: the verdict's own reading where it passes q
-        means=str(a.get("means", "hold" if a["verdict"] != "unreliable" else "doubtful")))
-
-
 def _options_from(method: str, profile: str, stored: dict) -> Any:
     """The method's Options rebuilt from the saved values, or the dict itself when this
     version's options differ."""
@@ -271,7 +250,7 @@ def read(path: str | os.PathLike) -> SavedFit | ReferenceFit:
     mean_row = ({k: np.asarray(mean_ds[k].values)[None, ...] for k in mean_ds.data_vars}
                 if mean_ds is not None and mean_ds.data_vars else None)
     diag_ds = _group(tree, "vi_diagnostics")
-    diagnostics = _diagnostics_from(diag_ds, method) if diag_ds is not None else None
+    diagnostics = diagnostics_from_dataset(diag_ds, method) if diag_ds is not None else None
     oracle = json.loads(a.get("oracle_counts", "{}") or "{}")
     info = json.loads(a.get("info", "{}") or "{}")
     return SavedFit(

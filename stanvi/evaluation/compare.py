@@ -20,9 +20,8 @@ the table gives:
 Stan's ADVI and single-path Pathfinder are judged on fresh draws of their Gaussian, recovered
 from their output (:mod:`stanvi.reference.diagnostics`); where Stan's default 1,000 output
 draws cannot identify it (full rank from D = 45, Pathfinder from D = 44) Stan is asked for
-enough (:func:`~stanvi.reference.diagnostics.recovery_options`), and the row's evaluations,
-accuracy and Pathfinder's ELBO, and the fit in ``fits``, are those of the default run
-(:func:`~stanvi.reference.diagnostics.default_run`).
+enough, and the row's evaluations, accuracy and Pathfinder's ELBO, and the fit in ``fits``,
+are those of the default run (:mod:`stanvi.reference.as_fit`, through :func:`stanvi.fit`).
 
 The recommendation (:func:`recommend`): among the approximations that converged (Stan's ADVI
 too: one that stopped at its iteration limit is ``max_iters``, as stanvi's ADVI is) and
@@ -49,7 +48,6 @@ from typing import Any
 import numpy as np
 
 from stanvi.methods import STAN_METHODS
-from stanvi.reference.diagnostics import default_run, recovery_options
 from stanvi.reference.result import trust_reasons
 
 #: Methods compared when none are named.
@@ -168,15 +166,10 @@ def compare(model, data=None, *, methods=DEFAULT_METHODS, reference: str | None 
     rows, fits = [], {}
     for method, family, options in specs:
         name = label(method, family, options)
-        # Stan's q recovered for its ELBO and verdict: enough output draws asked, the extra
-        # ones taken off the fit shown, its costs and its accuracy (docs/diagnostics.md#stan)
-        options, extra = recovery_options(_recovered_form(method, family, options), target.dim,
-                                          options)
         result = fit(target, method=method, family=family, seed=seed, progress=progress,
                      **options)
-        fits[name] = shown = default_run(result, extra)
-        rows.append({"method": name, **_figures(method, shown, target, ref_draws, seed,
-                                                 recovered=result)})
+        fits[name] = result
+        rows.append({"method": name, **_figures(method, result, target, ref_draws, seed)})
     recommendation, reason = recommend(rows, reference is not None)
     unjudged = [r["method"] for r in rows if r["verdict"] is None]
     notes = [f"({', '.join(unjudged)}: no single proposal density, so no ELBO or k-hat; judged "
@@ -185,35 +178,8 @@ def compare(model, data=None, *, methods=DEFAULT_METHODS, reference: str | None 
                       recommendation=recommendation, reason=reason, seed=seed, notes=notes)
 
 
-def _recovered_form(method: str, family: str, options: dict) -> str | None:
-    """The form of the q Stan's ``method`` fits, as
-    :func:`~stanvi.reference.diagnostics.recovery_options` names it; None where there is none
-    (NUTS, multi-path Pathfinder, stanvi's methods)."""
-    if method == "stan-advi":
-        return family
-    if method == "pathfinder" and int(options.get("num_paths", 4)) == 1:
-        return "quadratic"
-    return None
-
-
-def _stan_verdict(result, target):
-    """Stan's ADVI or Pathfinder judged by stanvi's verdict, on the same number of draws
-    (:func:`stanvi.reference.diagnostics.stan_diagnostics`); on Stan's own draws when they
-    cannot be mapped to the unconstrained space."""
-    from stanvi.reference.diagnostics import stan_diagnostics  # noqa: PLC0415
-    from stanvi.targets.labelled import labelled_draws, reference_unconstrained  # noqa: PLC0415
-
-    unconstrained, _ = reference_unconstrained(target, labelled_draws(result.draws))
-    if unconstrained is None:
-        return result.diagnostics()
-    return stan_diagnostics(result, target, unconstrained)
-
-
-def _figures(method: str, result, target, ref_draws, seed: int, recovered=None
-             ) -> dict[str, Any]:
-    """One row's figures (module docstring); ``recovered``: Stan's run with the draws that
-    recover its q (:func:`~stanvi.reference.diagnostics.recovery_options`), for its ELBO and
-    verdict, where ``result`` is that run with Stan's default draws."""
+def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any]:
+    """One row's figures (module docstring)."""
     from stanvi.evaluation.accuracy import marginal_accuracy  # noqa: PLC0415
     from stanvi.targets.labelled import labelled_draws  # noqa: PLC0415
 
@@ -225,7 +191,7 @@ def _figures(method: str, result, target, ref_draws, seed: int, recovered=None
                                  + (result.density_evaluations or 0))
         row["seconds"] = float(result.wall_time)
         if result.has_proposal_density:
-            diag = _stan_verdict(recovered or result, target)
+            diag = result.diagnostics()   # on fresh draws of the recovered Gaussian
             row.update(khat=float(diag.khat), verdict=diag.verdict, means=diag.means)
             if method == "pathfinder":
                 ratio = np.asarray(result.log_p) - np.asarray(result.log_q)
@@ -238,7 +204,8 @@ def _figures(method: str, result, target, ref_draws, seed: int, recovered=None
                 eps = np.asarray(standard_normal(make_key(seed + 1, host=True), ELBO_DRAWS,
                                                  target.dim))
                 try:
-                    row["elbo"] = float(stan_advi_elbo(recovered or result, target, [eps])[0][0])
+                    row["elbo"] = float(stan_advi_elbo(result.recovery_run or result, target,
+                                                       [eps])[0][0])
                 except ValueError:   # q not recoverable from the draws (too few: the verdict
                     pass             # says so) or not a Gaussian: no ELBO, NaN
         elif method == "nuts":

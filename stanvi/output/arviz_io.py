@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from stanvi.errors import require_extra
-from stanvi.output.arviz_attrs import attr_value, fit_attrs, trace_columns
+from stanvi.output.arviz_attrs import fit_attrs, trace_columns
+from stanvi.output.diagnostics_io import diagnostics_dataset
 from stanvi.output.arviz_dims import (SAMPLE_DIMS, default_coords, group_attrs, resolve_dims,
                                       split_sizes)
 
@@ -242,7 +243,7 @@ def to_datatree(fit, *, log_likelihood=None, posterior_predictive=None, observed
         tree_groups["vi_mean"] = _mean_dataset(fit, tree_groups.get("posterior"), dims,
                                                int(index_origin))
         if diag is not None:
-            tree_groups["vi_diagnostics"] = _diagnostics_dataset(diag)
+            tree_groups["vi_diagnostics"] = diagnostics_dataset(diag)
 
     tree = DataTree.from_dict(tree_groups)
     tree.attrs = dict(attrs)
@@ -288,19 +289,6 @@ def _mean_dataset(fit, posterior, user_dims, origin: int):
     return Dataset(data_vars, coords=coords,
                    attrs={"description": "the approximation's mean pushed through the "
                                          "constraining transform (Stan CSV row 0)"})
-
-
-def _diagnostics_dataset(diag):
-    """``vi_diagnostics``: the log importance ratios of the diagnostic draws and the PSIS log
-    weights of the output draws, with the scalar diagnostics as attributes."""
-    from xarray import Dataset  # noqa: PLC0415
-
-    data_vars = {"log_weights": ("draw", np.asarray(diag.log_weights, dtype=float))}
-    if diag.log_ratios is not None:
-        data_vars["log_ratios"] = ("diagnostic_draw", np.asarray(diag.log_ratios, dtype=float))
-    attrs = {k: attr_value(v) for k, v in diag.to_dict().items() if k != "warnings"}
-    attrs["warnings"] = json.dumps(list(diag.warnings))
-    return Dataset(data_vars, coords={"draw": np.arange(len(diag.log_weights))}, attrs=attrs)
 
 
 def log_g(fit) -> np.ndarray:

@@ -12,6 +12,15 @@ docs/stan_reference.md#through-fit): ``method="nuts" | "pathfinder" | "stan-advi
 setting is the algorithm's own, under Stan's name (``num_samples``, ``num_paths``,
 ``output_samples``, ...: :data:`~stanvi.reference.NUTS_DEFAULTS` and the others).  The
 arguments that belong to stanvi's methods only are refused with a message saying so.
+
+Stan's ADVI and single-path Pathfinder are judged as stanvi's fits are: the model is loaded
+(a :class:`~stanvi.targets.stan_target.StanTarget`) and ``fit.diagnostics()`` draws afresh
+from the Gaussian recovered from Stan's output, on the draws common to every fit
+(:func:`stanvi.reference.diagnostics.fresh_draws_verdict`; docs/diagnostics.md#stan).  Where
+Stan's default 1,000 output draws cannot identify that Gaussian (full rank from D = 45,
+Pathfinder from D = 44) and the caller did not set them, Stan is asked for enough
+(:func:`~stanvi.reference.diagnostics.recovery_options`) and the fit returned is the default
+run (:func:`~stanvi.reference.diagnostics.default_run`), the whole run kept for the verdict.
 """
 
 from __future__ import annotations
@@ -38,11 +47,12 @@ def run_stan_method(method: str, model, data, *, family: str = "meanfield", seed
                     **settings) -> ReferenceFit:
     """Run Stan's ``method`` (module docstring); ``given``: stanvi.fit's other arguments, by
     name, checked against :data:`NOT_FOR_STAN`."""
+    loaded = None
     if getattr(model, "compiled", None) is not None and hasattr(model, "data_json"):
         # a loaded Stan model (stanvi.load_model): its compiled program and its data
         if data is not None:
             raise ValueError("the model was loaded with its data: do not pass data again")
-        model, data = model.compiled, (model.data_json or None)
+        loaded, model, data = model, model.compiled, (model.data_json or None)
     elif not isinstance(model, str) and not hasattr(model, "library") \
             and not hasattr(model, "__fspath__"):
         raise TypeError(f"Stan's {method} runs a Stan model (a .stan path, Stan code, a "
@@ -61,17 +71,50 @@ def run_stan_method(method: str, model, data, *, family: str = "meanfield", seed
         if init == "zero":
             settings["init_radius"] = 0.0
         init = None
-    common = dict(seed=seed, init=init, progress=progress, **settings)
-    if method == "stan-advi":
-        if family not in ("meanfield", "fullrank"):
-            raise ValueError(f"Stan's ADVI has the families 'meanfield' and 'fullrank', not "
-                             f"{family!r}")
-        return stan_advi(model, data, algorithm=family, **common)
-    if family != "meanfield":
+    if method not in ("nuts", "pathfinder", "stan-advi"):
+        raise ValueError(f"{method!r} is not one of Stan's algorithms (nuts, pathfinder, "
+                         f"stan-advi)")
+    if method == "stan-advi" and family not in ("meanfield", "fullrank"):
+        raise ValueError(f"Stan's ADVI has the families 'meanfield' and 'fullrank', not "
+                         f"{family!r}")
+    if method != "stan-advi" and family != "meanfield":
         raise ValueError(f"family={family!r} has no meaning for Stan's {method} (only Stan's "
                          f"ADVI takes a family)")
-    if method == "nuts":
+    form = _recovered_form(method, family, settings)
+    target, extra = None, 0
+    if form is not None:   # a Gaussian to judge on fresh draws: the model loaded
+        from stanvi.reference.diagnostics import recovery_options  # noqa: PLC0415
+        from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
+
+        target = loaded or StanTarget(model, data, progress=progress)
+        model = target.compiled or model
+        settings, extra = recovery_options(form, target.dim, settings)
+    common = dict(seed=seed, init=init, progress=progress, **settings)
+    if method == "stan-advi":
+        run = stan_advi(model, data, algorithm=family, **common)
+    elif method == "nuts":
         return nuts(model, data, **common)
-    if method == "pathfinder":
-        return pathfinder(model, data, **common)
-    raise ValueError(f"{method!r} is not one of Stan's algorithms (nuts, pathfinder, stan-advi)")
+    else:
+        run = pathfinder(model, data, **common)
+    if target is None:
+        return run
+    from functools import partial  # noqa: PLC0415
+
+    from stanvi.reference.diagnostics import default_run, fresh_draws_verdict  # noqa: PLC0415
+
+    shown = default_run(run, extra)
+    shown.recovery_run = run if extra else None
+    shown.fresh_verdict = partial(fresh_draws_verdict, run, target)
+    return shown
+
+
+def _recovered_form(method: str, family: str, settings: dict) -> str | None:
+    """The form of the Gaussian Stan's ``method`` fits, as
+    :func:`~stanvi.reference.diagnostics.recovery_options` names it; None where there is none
+    (NUTS, multi-path Pathfinder)."""
+    from stanvi.reference.pathfinder import PATHFINDER_DEFAULTS  # noqa: PLC0415
+
+    if method == "stan-advi":
+        return family
+    paths = int(settings.get("num_paths", PATHFINDER_DEFAULTS["num_paths"]))
+    return "quadratic" if method == "pathfinder" and paths == 1 else None

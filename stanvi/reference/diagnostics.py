@@ -142,3 +142,18 @@ def stan_diagnostics(fit, target, unconstrained: dict[str, np.ndarray],
     first = diagnostic_draw_count(zeta.shape[1], len(zeta))
     return decided_diagnostics(gaussian_draws(target, mean, chol, seed), first,
                                diagnostic_draw_cap(zeta.shape[1], first), method=method)
+
+
+def fresh_draws_verdict(run, target, seed: int | None = None) -> Diagnostics:
+    """:func:`stan_diagnostics` of ``run`` (Stan's ADVI or single-path Pathfinder) on
+    ``target``, its draws mapped to the unconstrained space here; where they cannot be, k̂ on
+    Stan's own draws, with a warning that says why."""
+    from stanvi.targets.labelled import labelled_draws, reference_unconstrained  # noqa: PLC0415
+
+    unconstrained, why = reference_unconstrained(target, labelled_draws(run.draws))
+    if unconstrained is None:
+        d = compute(run.log_p, run.log_q, method=run.algorithm)
+        d.warnings.append(f"k-hat on Stan's own {run.num_draws} draws: they cannot be mapped "
+                          f"to the unconstrained space for fresh draws of q ({why})")
+        return d
+    return stan_diagnostics(run, target, unconstrained, seed)

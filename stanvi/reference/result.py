@@ -70,6 +70,16 @@ class ReferenceFit:
         mean: ADVI only: the approximation's mean in constrained space, by name.
         log_p, log_q: the variational algorithms only: log density of the model (Jacobian
             included) and of the approximation at each draw, for Pareto k̂.
+        fresh_verdict: Stan's ADVI or single-path Pathfinder run through ``stanvi.fit``: the
+            verdict on fresh draws of q from the loaded model, by seed of those draws
+            (:func:`stanvi.reference.diagnostics.fresh_draws_verdict`), for :meth:`diagnostics`;
+            None for a run read back from disk or run by :func:`~stanvi.reference.stan_advi`
+            directly.
+        recovery_run: the whole run where Stan was asked for more output draws than this
+            fit's, to recover q (:func:`stanvi.reference.diagnostics.recovery_options`); None
+            when this fit is the whole run.
+        saved_diagnostics: a run read back from disk: the verdict on fresh draws it was saved
+            with (the model is not loaded to draw them again).
     """
 
     algorithm: str
@@ -87,6 +97,9 @@ class ReferenceFit:
     mean: dict[str, np.ndarray] | None = None
     log_p: np.ndarray | None = None
     log_q: np.ndarray | None = None
+    fresh_verdict: Any = field(default=None, repr=False, compare=False)
+    recovery_run: Any = field(default=None, repr=False, compare=False)
+    saved_diagnostics: Any = field(default=None, repr=False, compare=False)
 
     @property
     def num_draws(self) -> int:
@@ -174,10 +187,14 @@ class ReferenceFit:
                                                 prob=(0.05, 0.95))
         return table
 
-    def diagnostics(self):
+    def diagnostics(self, seed: int | None = None):
         """NUTS: a dict with divergences, max_treedepth_hits, the largest R-hat and smallest
         bulk/tail ESS over elements (arviz-stats).  ADVI / Pathfinder: stanvi's
-        :class:`~stanvi.diagnostics.report.Diagnostics` (Pareto k̂ of log p − log q at the draws)."""
+        :class:`~stanvi.diagnostics.report.Diagnostics`: with the model loaded (a fit from
+        ``stanvi.fit``: ``fresh_verdict``), the verdict of stanvi's fits on fresh draws of the Gaussian
+        recovered from Stan's output (``seed``: of those draws, None the draws common to every
+        fit; docs/diagnostics.md#stan); read back from disk, that verdict as saved; otherwise
+        Pareto k̂ of log p − log q at Stan's own draws."""
         if self.algorithm.startswith("nuts"):
             out = dict(self.sampler_diagnostics or {})
             if self.chains > 1 and self.draws:
@@ -191,6 +208,13 @@ class ReferenceFit:
                              "approximations (PSIS-resampled by default): they have no single "
                              "proposal density, so no k-hat (Stan's own PSIS k-hat warning over "
                              "all paths' draws, if any, is in `messages`)")
+        if self.fresh_verdict is not None:
+            verdicts = self.__dict__.setdefault("_verdicts", {})
+            if seed not in verdicts:
+                verdicts[seed] = self.fresh_verdict(seed)
+            return verdicts[seed]
+        if self.saved_diagnostics is not None and seed is None:
+            return self.saved_diagnostics
         from stanvi.diagnostics.report import compute  # noqa: PLC0415
 
         return compute(self.log_p, self.log_q, method=self.algorithm)

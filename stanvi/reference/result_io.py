@@ -71,6 +71,14 @@ def to_datatree(fit):
         if getattr(fit, key) is not None:
             attrs[key] = _json(getattr(fit, key))
     tree.attrs = attrs
+    if fit.has_proposal_density and (fit.fresh_verdict is not None
+                                     or fit.saved_diagnostics is not None):
+        # the verdict on fresh draws of q (needs the model): kept for the run read back
+        from xarray import DataTree  # noqa: PLC0415
+
+        from stanvi.output.diagnostics_io import diagnostics_dataset  # noqa: PLC0415
+
+        tree["vi_diagnostics"] = DataTree(diagnostics_dataset(fit.diagnostics()))
     return tree
 
 
@@ -91,6 +99,11 @@ def fields_from_datatree(tree) -> dict[str, Any]:
     algorithm = str(a["stanvi_reference"])
     ratio = RATIO_COLUMNS.get(algorithm.split("-multi")[0])
     loaded = {k: json.loads(a[k]) for k in ("sampler_diagnostics", "elbo_trace", "mean") if k in a}
+    saved = None
+    if "vi_diagnostics" in tree.children:
+        from stanvi.output.diagnostics_io import diagnostics_from_dataset  # noqa: PLC0415
+
+        saved = diagnostics_from_dataset(tree["vi_diagnostics"].to_dataset(), algorithm)
     return dict(
         algorithm=algorithm, model_name=str(a["model"]),
         draws={k: flat(post[k].values) for k in post.data_vars}, stan_columns=columns,
@@ -101,4 +114,4 @@ def fields_from_datatree(tree) -> dict[str, Any]:
         elbo_trace=np.asarray(loaded["elbo_trace"], dtype=float) if "elbo_trace" in loaded else None,
         mean={k: np.asarray(v) for k, v in loaded["mean"].items()} if "mean" in loaded else None,
         log_p=columns.get(ratio[0]) if ratio else None,
-        log_q=columns.get(ratio[1]) if ratio else None)
+        log_q=columns.get(ratio[1]) if ratio else None, saved_diagnostics=saved)

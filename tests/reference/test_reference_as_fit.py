@@ -152,3 +152,48 @@ def test_build_services_ahead(diag_model, capsys):
     assert "Stan's services" in out and ".o" in out
     path, built = build_services_ahead(progress=False)
     assert path.is_file() and not built and str(path) in out
+
+
+def test_stans_variational_fits_are_judged_by_the_rule_of_stanvis_fits(diag_model):
+    """issue T3-5 item 1: printed side by side, Stan's ADVI and Pathfinder and a stanvi fit are
+    on one scale. Before, ``fit.diagnostics()`` of ``stanvi.fit(..., method="stan-advi")`` was
+    k-hat on Stan's own 1,000 draws against the threshold for 1,000 (0.67); now it is the
+    verdict on fresh draws of the recovered Gaussian, the draws common to every fit, as in
+    stanvi.compare and the batch (docs/diagnostics.md#stan)."""
+    from stanvi.diagnostics.draws import DIAG_MIN_DRAWS
+    from stanvi.reference.diagnostics import stan_diagnostics
+    from stanvi.targets.labelled import labelled_draws, reference_unconstrained
+
+    target = stanvi.load_model(diag_model, DIAG, progress=False)
+    for method, settings in (("stan-advi", {"family": "fullrank"}),
+                             ("pathfinder", {"num_paths": 1})):
+        fit = stanvi.fit(diag_model, DIAG, method=method, seed=4, progress=False, **settings)
+        d = fit.diagnostics()
+        assert d.n_draws >= DIAG_MIN_DRAWS and d.threshold == pytest.approx(0.7)
+        assert not any("Stan's own" in w for w in d.warnings)
+        unconstrained, _ = reference_unconstrained(target, labelled_draws(fit.draws))
+        same = stan_diagnostics(fit, target, unconstrained)   # the batch's call
+        assert d.khat == same.khat and d.verdict == same.verdict
+        again = fit.diagnostics(seed=9)                        # another sample: another k-hat
+        assert again.khat != d.khat and fit.diagnostics() is d     # the first one is kept
+
+
+def test_past_what_1000_draws_identify_stan_is_asked_for_more_and_the_default_run_shown(diag_model):
+    d = 50
+    rng = np.random.default_rng(0)
+    data = {"D": d, "mu": rng.normal(size=d).tolist(), "sigma": rng.uniform(0.5, 2, d).tolist()}
+    fit = stanvi.fit(diag_model, data, method="stan-advi", family="fullrank", seed=1,
+                     progress=False)
+    default = stan_advi(diag_model, data, algorithm="fullrank", seed=1)
+    np.testing.assert_array_equal(fit.draws["z"], default.draws["z"])
+    assert fit.num_draws == 1000 and fit.settings["output_samples"] == 1000
+    assert fit.density_evaluations == default.density_evaluations
+    assert fit.recovery_run.num_draws == 1912                 # 1,275 unknowns x 1.5
+    verdict = fit.diagnostics()                               # q recovered: fresh draws
+    assert not any("could not be recovered" in w for w in verdict.warnings)
+    assert verdict.n_draws >= 4000
+    # a setting the user gave stands (and the verdict says it fell back to Stan's draws)
+    given = stanvi.fit(diag_model, data, method="stan-advi", family="fullrank", seed=1,
+                       output_samples=300, progress=False)
+    assert given.num_draws == 300 and given.recovery_run is None
+    assert any("could not be recovered" in w for w in given.diagnostics().warnings)
