@@ -86,7 +86,7 @@ def run_stan_method(method: str, model, data, *, family: str = "meanfield", seed
         from stanvi.reference.diagnostics import recovery_options  # noqa: PLC0415
         from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
-        target = loaded or StanTarget(model, data, progress=progress)
+        target = loaded if loaded is not None else StanTarget(model, data, progress=progress)
         model = target.compiled or model
         settings, extra = recovery_options(form, target.dim, settings)
     common = dict(seed=seed, init=init, progress=progress, **settings)

@@ -77,7 +77,7 @@ def default_run(fit, extra: int):
     if not extra:
         return fit
     form = fit.settings.get("algorithm") if fit.algorithm == "stan-advi" else "quadratic"
-    setting, default = OUTPUT_DRAWS_SETTING[form]
+    setting = OUTPUT_DRAWS_SETTING[form][0]
     kept = fit.num_draws - extra
 
     def first(arrays: dict | None) -> dict | None:
