@@ -36,6 +36,14 @@ OUTPUT_DRAWS_SETTING = {"meanfield": ("output_samples", ADVI_DEFAULTS["output_sa
                         "quadratic": ("num_draws", PATHFINDER_DEFAULTS["num_draws"])}
 
 
+#: The most unknowns of q that :func:`draws_to_recover` asks Stan's output to identify:
+#: single-path Pathfinder's quadratic at D = 100, (D+1)(D+2)/2 + 1 = 5,152 (full-rank ADVI's
+#: D(D+1)/2 up to D = 101).  The least squares grows as D⁶: about 60 s at D = 90 in the T3-4
+#: batch, past its 300 s at D = 175 (22,365 extra draws), gigabytes beyond.  Above it Stan's
+#: default draws are kept and the verdict is computed on them, with a warning that says so.
+RECOVERY_MAX_UNKNOWNS = 5152
+
+
 def draws_to_recover(dim: int, form: str) -> int:
     """Output draws enough to recover a fit's Gaussian from Stan's output: Stan's default
     (1,000; :data:`OUTPUT_DRAWS_SETTING`) where they identify its unknowns, else one and a half
@@ -46,11 +54,14 @@ def draws_to_recover(dim: int, form: str) -> int:
     :func:`quadratic_gaussian`: from D = 44).  The batch asks this many (``output_samples``,
     ``num_draws``) so that Stan's fits get their ELBO and verdict by the rule of stanvi's
     (docs/diagnostics.md#stan); Stan draws them after its optimization, one log density each,
-    so the fit and its first 1,000 draws are those of the default run."""
+    so the fit and its first 1,000 draws are those of the default run.  Above
+    :data:`RECOVERY_MAX_UNKNOWNS` unknowns, Stan's default: q is not recovered."""
     unknowns = {"meanfield": dim, "fullrank": dim * (dim + 1) // 2,
                 "quadratic": (dim + 1) * (dim + 2) // 2 + 1}[form]
     default = int(OUTPUT_DRAWS_SETTING[form][1])
-    return default if unknowns <= default else (3 * unknowns) // 2
+    if unknowns <= default or unknowns > RECOVERY_MAX_UNKNOWNS:
+        return default
+    return (3 * unknowns) // 2
 
 
 def recovery_options(form: str | None, dim: int, options: dict) -> tuple[dict, int]:
@@ -97,12 +108,13 @@ def quadratic_gaussian(z: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, np
     Raises ValueError when the draws are too few or P is not positive definite."""
     z = np.asarray(z, dtype=float)
     n, d = z.shape
+    unknowns = d * (d + 1) // 2 + d + 1
+    if n < unknowns + 1:   # before the design matrix, n × unknowns numbers (4 GB at D = 1,000)
+        raise ValueError(f"{n} draws cannot identify a {d}-dimensional Gaussian "
+                         f"(need {unknowns + 1})")
     rows, cols = np.triu_indices(d)
     design = np.column_stack([z[:, rows] * z[:, cols] * np.where(rows == cols, 1.0, 2.0),
                               -2.0 * z, np.ones(n)])
-    if n < design.shape[1] + 1:
-        raise ValueError(f"{n} draws cannot identify a {d}-dimensional Gaussian "
-                         f"(need {design.shape[1] + 1})")
     coef = np.linalg.lstsq(design, -2.0 * np.asarray(log_q, dtype=float), rcond=None)[0]
     precision = np.zeros((d, d))
     precision[rows, cols] = coef[: rows.size]

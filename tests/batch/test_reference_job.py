@@ -27,6 +27,10 @@ def test_output_draws_to_recover_stan_s_gaussian():
     assert draws_to_recover(1001, "meanfield") == 1501
     assert draws_to_recover(43, "quadratic") == 1000     # 991 coefficients
     assert draws_to_recover(44, "quadratic") == 1554     # 1,036
+    # up to 5,152 unknowns (Pathfinder at D = 100); beyond, the least squares costs minutes and
+    # gigabytes: Stan's default draws, and the verdict on them
+    assert draws_to_recover(100, "quadratic") == 7728 and draws_to_recover(101, "quadratic") == 1000
+    assert draws_to_recover(101, "fullrank") == 7726 and draws_to_recover(102, "fullrank") == 1000
 
 
 def test_full_rank_stan_advi_at_d_50_gets_its_elbo_and_the_same_costs():

@@ -39,3 +39,15 @@ def test_default_run_takes_the_last_draws_and_their_densities_off():
     advi = default_run(_fit("stan-advi", {"algorithm": "fullrank", "output_samples": 12}), 2)
     assert advi.settings["output_samples"] == 10 and advi.num_draws == 10
     assert default_run(fit, 0) is fit
+
+
+def test_too_few_draws_for_a_large_quadratic_fail_before_its_design_matrix():
+    """D = 2,000 with 10 draws: the design would be 10 × 2,003,001 numbers; the count is
+    checked first."""
+    import pytest
+
+    from stanvi.reference.diagnostics import quadratic_gaussian
+
+    with pytest.raises(ValueError, match="10 draws cannot identify a 2000-dimensional"):
+        quadratic_gaussian(np.zeros((10, 2000)), np.zeros(10))
+    assert recovery_options("quadratic", 175, {}) == ({"num_draws": 1000}, 0)
