@@ -269,3 +269,56 @@ def test_doc_shell_commands_run_and_show_their_real_output(name, cmd, shown, scr
         assert _shown_in_order([s.strip() and s.rstrip() for s in shown], actual), (
             f"{name}: `{cmd}` shows output the command does not print; it prints:\n"
             + res.stdout[-3000:])
+
+
+# The posteriordb comparison in docs/choosing.md (a ```text block: posteriordb is not part of the
+# repository, so the shell check above cannot run it). With a posteriordb checkout in
+# STANVI_POSTERIORDB it is run and every line it shows compared, the table's seconds column
+# (which changes from run to run) apart.
+POSTERIORDB_COMPARE = "$ stanvi compare kidscore_interaction.stan --data kidiq.json"
+
+
+def _without_seconds(lines: list[str]) -> list[str]:
+    """``stanvi compare``'s lines with the table's seconds column blanked (its span read from
+    the header: after ``evaluations``, up to the end of ``seconds``)."""
+    out, span = [], None
+    for line in lines:
+        if line.startswith("method") and "seconds" in line:
+            span = (line.index("evaluations") + len("evaluations"),
+                    line.index("seconds") + len("seconds"))
+        elif span and not line.startswith("recommendation"):
+            line = line[:span[0]] + " " * (span[1] - span[0]) + line[span[1]:]
+        out.append(line.rstrip())
+    return out
+
+
+def test_the_seconds_column_is_blanked_and_nothing_else():
+    lines = ["m: 2 methods", "method     elbo evaluations   seconds  khat",
+             "A         -1.0          10     0.123  0.50", "recommendation: A 0.123"]
+    assert _without_seconds(lines)[2] == "A         -1.0          10            0.50"
+    assert _without_seconds(lines)[3] == lines[3] and _without_seconds(lines)[:2] == lines[:2]
+
+
+@pytest.mark.slow
+def test_the_posteriordb_comparison_in_choosing_md_is_real_output(tmp_path):
+    import shlex  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import zipfile  # noqa: PLC0415
+
+    checkout = os.environ.get("STANVI_POSTERIORDB")
+    if not checkout:
+        pytest.skip("set STANVI_POSTERIORDB to a stan-dev/posteriordb checkout to run "
+                    "docs/choosing.md's posteriordb comparison")
+    db = Path(checkout) / "posterior_database"
+    (tmp_path / "kidscore_interaction.stan").write_bytes(
+        (db / "models" / "stan" / "kidscore_interaction.stan").read_bytes())
+    with zipfile.ZipFile(db / "data" / "data" / "kidiq.json.zip") as z:
+        (tmp_path / "kidiq.json").write_bytes(z.read(z.namelist()[0]))
+    code = next(c for lang, c, _ in blocks((ROOT / "docs" / "choosing.md").read_text())
+                if POSTERIORDB_COMPARE in c)
+    command, *shown = code.strip("\n").splitlines()
+    res = subprocess.run([str(Path(sys.executable).with_name("stanvi")),
+                          *shlex.split(command[2:])[1:]], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _without_seconds(res.stdout.strip("\n").splitlines()) == _without_seconds(shown)
