@@ -236,8 +236,8 @@ def drawn_in_common(records: Iterable[dict[str, Any]], since: float) -> list[dic
     stays."""
     from stanvi.diagnostics.draws import DIAGNOSTIC_SEED  # noqa: PLC0415
 
-    return [r for r in records
-            if str(r.get("seed")) == str(DIAGNOSTIC_SEED) or float(r.get("finished") or 0.0) >= since]
+    return [r for r in records if str(r.get("seed")) == str(DIAGNOSTIC_SEED)
+            or float(r.get("finished") or 0.0) >= since]
 
 
 def check_stores(dirs: list[str | Path], common_draws_since: float | None = None) -> dict[str, Any]:

@@ -46,9 +46,9 @@ import numpy as np
 
 from stanvi.errors import require_extra
 from stanvi.output.arviz_attrs import fit_attrs, trace_columns
-from stanvi.output.diagnostics_io import diagnostics_dataset
 from stanvi.output.arviz_dims import (SAMPLE_DIMS, default_coords, group_attrs, resolve_dims,
                                       split_sizes)
+from stanvi.output.diagnostics_io import diagnostics_dataset
 
 
 # ---------------------------------------------------------------------- helpers
