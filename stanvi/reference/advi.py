@@ -153,14 +153,15 @@ def stan_advi_elbo(fit: ReferenceFit, target, eps_sets: list[np.ndarray],
     base draws in ``eps_sets``, computed as stanvi computes its own fits' ELBO.  ``target``: a
     :class:`~stanvi.targets.stan_target.StanTarget` of the same model and data;
     ``unconstrained``: the draws already mapped to unconstrained space, by unconstrained name
-    (computed here when not given)."""
-    from stanvi.targets.labelled import labelled_draws, reference_unconstrained  # noqa: PLC0415
+    (computed here when not given).  The Gaussian is recovered once per fit and kept
+    (:func:`stanvi.reference.diagnostics.recovered_gaussian`), for the verdict too."""
+    from stanvi.reference.diagnostics import (recovered_gaussian,  # noqa: PLC0415
+                                              unconstrained_draws)
 
     if unconstrained is None:
-        unconstrained, why = reference_unconstrained(target, labelled_draws(fit.draws))
+        unconstrained, why = unconstrained_draws(fit, target)
         if unconstrained is None:
             raise ValueError(f"cannot map Stan's ADVI draws to unconstrained space: {why}")
     zeta = np.column_stack([unconstrained[n] for n in target.unconstrained_names])
-    mu = target.unconstrain(fit.mean)
-    chol = stan_advi_gaussian(fit, zeta, mu)
+    mu, chol = recovered_gaussian(fit, target, zeta)
     return [gaussian_elbo(target, mu, chol, eps) for eps in eps_sets]
