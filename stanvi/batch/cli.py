@@ -3,7 +3,7 @@
     stanvi batch SOURCE --methods trustvi,trustvi:paper,advi:stan,hfsgvi --seeds 5 \\
         [--family meanfield,fullrank] [--scheduler tcp://host:8786 | --workers N] \\
         [--timeout S] [--glob P,Q] [--exclude P,Q] [--names A,B] [--max-dim D] \\
-        [--sample N --sample-seed S] --out RUNS_DIR
+        [--sample N --sample-seed S] [--plan] --out RUNS_DIR
 
 SOURCE is a stan-dev/example-models or stan-dev/posteriordb checkout (told apart by posteriordb's
 ``posteriors/`` directory).  The same command again resumes: finished tasks are skipped.
@@ -92,7 +92,8 @@ def _cmd_batch(args: argparse.Namespace) -> int:
     from stanvi.batch.runner import (BatchConfig, check_config, require_dask,  # noqa: PLC0415
                                      run_batch)
 
-    require_dask()   # before the models are read: the batch cannot run without it
+    if not args.plan:
+        require_dask()   # before the models are read: the batch cannot run without it
     methods = (() if args.methods.strip().lower() in ("", "none")
                else parse_methods(args.methods, args.profile))
     families = tuple(f.strip() for f in args.family.split(",") if f.strip())
@@ -113,6 +114,11 @@ def _cmd_batch(args: argparse.Namespace) -> int:
             if methods else "no fits")
     print(f"stanvi batch: {len(cases)} models in {args.source} ({runnable} runnable), {fits}"
           f"{', NUTS references' if args.reference else ''} -> {args.out}")
+    if args.plan:   # what the store has and what is left; nothing is run
+        from stanvi.batch.plan_status import format_plan_status, plan_status  # noqa: PLC0415
+
+        print(format_plan_status(plan_status(cases, args.out, config)))
+        return 0
     counts = run_batch(cases, args.out, config, scheduler=args.scheduler, workers=args.workers,
                        progress=not args.quiet)
     print("fit records by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -168,6 +174,9 @@ def add_batch_parser(sub) -> None:
                         'task\'s identity)')
     p.add_argument("--draws", type=int, default=2000, help="output draws per fit (default 2000)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--plan", action="store_true",
+                   help="run nothing: print the tasks planned, those already in --out and those "
+                        "left, by configuration and by model (docs/batch.md#plan)")
     p.set_defaults(func=_cmd_batch)
 
 
