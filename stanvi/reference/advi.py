@@ -8,6 +8,8 @@ profile ``stan``, in :mod:`stanvi.methods.advi`); the two are compared in the te
 
 from __future__ import annotations
 
+import hashlib
+
 import os
 import time
 
@@ -104,10 +106,33 @@ def stan_advi_gaussian(fit: ReferenceFit, unconstrained: np.ndarray,
         unconstrained: its draws mapped to unconstrained space, (S, D), in draw order.
         mean_unconstrained: μ, the unconstrained image of ``fit.mean``.
 
+    Computed once per fit and set of draws, and kept on the fit, the failure included: the ELBO
+    and the verdict both need L, and the full-rank least squares takes tens of seconds near
+    D = 90 (docs/diagnostics.md#stan).
+
     Raises:
         ValueError when there are too few draws or the recovered precision is not positive
         definite (the output is then not what this formula assumes).
     """
+    zeta = np.ascontiguousarray(unconstrained, dtype=float)
+    mean = np.ascontiguousarray(mean_unconstrained, dtype=float)
+    digest = hashlib.sha256(zeta.tobytes() + mean.tobytes()
+                            + repr(zeta.shape).encode()).hexdigest()
+    kept = fit.__dict__.get("_advi_gaussian")
+    if kept is None or kept[0] != digest:
+        try:
+            kept = (digest, _least_squares_cholesky(fit, zeta, mean))
+        except ValueError as exc:
+            kept = (digest, exc)
+        fit.__dict__["_advi_gaussian"] = kept
+    if isinstance(kept[1], ValueError):
+        raise ValueError(str(kept[1]))
+    return kept[1]
+
+
+def _least_squares_cholesky(fit: ReferenceFit, unconstrained: np.ndarray,
+                            mean_unconstrained: np.ndarray) -> np.ndarray:
+    """:func:`stan_advi_gaussian`'s least squares, computed afresh."""
     dev = np.asarray(unconstrained, dtype=float) - np.asarray(mean_unconstrained, dtype=float)
     target = -2.0 * np.asarray(fit.log_q, dtype=float)
     n, d = dev.shape
@@ -153,15 +178,15 @@ def stan_advi_elbo(fit: ReferenceFit, target, eps_sets: list[np.ndarray],
     base draws in ``eps_sets``, computed as stanvi computes its own fits' ELBO.  ``target``: a
     :class:`~stanvi.targets.stan_target.StanTarget` of the same model and data;
     ``unconstrained``: the draws already mapped to unconstrained space, by unconstrained name
-    (computed here when not given).  The Gaussian is recovered once per fit and kept
-    (:func:`stanvi.reference.diagnostics.recovered_gaussian`), for the verdict too."""
-    from stanvi.reference.diagnostics import (recovered_gaussian,  # noqa: PLC0415
-                                              unconstrained_draws)
+    (computed here when not given; ``stanvi.reference.diagnostics.unconstrained_draws`` maps
+    them once per fit)."""
+    from stanvi.targets.labelled import labelled_draws, reference_unconstrained  # noqa: PLC0415
 
     if unconstrained is None:
-        unconstrained, why = unconstrained_draws(fit, target)
+        unconstrained, why = reference_unconstrained(target, labelled_draws(fit.draws))
         if unconstrained is None:
             raise ValueError(f"cannot map Stan's ADVI draws to unconstrained space: {why}")
     zeta = np.column_stack([unconstrained[n] for n in target.unconstrained_names])
-    mu, chol = recovered_gaussian(fit, target, zeta)
+    mu = target.unconstrain(fit.mean)
+    chol = stan_advi_gaussian(fit, zeta, mu)
     return [gaussian_elbo(target, mu, chol, eps) for eps in eps_sets]

@@ -128,32 +128,6 @@ def quadratic_gaussian(z: np.ndarray, log_q: np.ndarray) -> tuple[np.ndarray, np
     return cov @ coef[rows.size: rows.size + d], chol
 
 
-def recovered_gaussian(fit, target, zeta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(m, L) of the Gaussian Stan's ADVI or single-path Pathfinder (``fit``) fitted, in
-    ``target``'s unconstrained space, from its draws there, ``zeta`` (S, D) in draw order
-    (:func:`~stanvi.reference.advi.stan_advi_gaussian`, :func:`quadratic_gaussian`).
-
-    Computed once per fit and kept on it, the failure included: the ELBO and the verdict both
-    need q, and the full-rank least squares costs tens of seconds at D ≈ 90
-    (:data:`RECOVERY_MAX_UNKNOWNS`).  Raises ValueError where q cannot be recovered."""
-    from stanvi.reference.advi import stan_advi_gaussian  # noqa: PLC0415
-
-    kept = fit.__dict__.get("_recovered_gaussian")
-    if kept is None or kept[0] is not target:
-        try:
-            if fit.algorithm == "stan-advi":
-                mean = np.asarray(target.unconstrain(fit.mean), dtype=float)
-                kept = (target, (mean, stan_advi_gaussian(fit, zeta, mean)))
-            else:
-                kept = (target, quadratic_gaussian(zeta, fit.log_q))
-        except ValueError as exc:
-            kept = (target, exc)
-        fit.__dict__["_recovered_gaussian"] = kept
-    if isinstance(kept[1], ValueError):
-        raise ValueError(str(kept[1]))
-    return kept[1]
-
-
 def stan_diagnostics(fit, target, unconstrained: dict[str, np.ndarray],
                      seed: int | None = None) -> Diagnostics:
     """The verdict of Stan's ADVI or single-path Pathfinder (``fit``: a
@@ -161,11 +135,17 @@ def stan_diagnostics(fit, target, unconstrained: dict[str, np.ndarray],
     ``unconstrained``: its draws in unconstrained space by ``target``'s unconstrained names
     (:func:`stanvi.targets.labelled.reference_unconstrained`), in draw order; ``seed``: of the
     fresh draws (None: those of every fit, :data:`stanvi.diagnostics.draws.DIAGNOSTIC_SEED`)."""
+    from stanvi.reference.advi import stan_advi_gaussian  # noqa: PLC0415
+
     zeta = np.column_stack([np.asarray(unconstrained[n], dtype=float)
                             for n in target.unconstrained_names])
     method = fit.algorithm
     try:
-        mean, chol = recovered_gaussian(fit, target, zeta)
+        if method == "stan-advi":
+            mean = np.asarray(target.unconstrain(fit.mean), dtype=float)
+            chol = stan_advi_gaussian(fit, zeta, mean)   # kept on the fit: once for the ELBO too
+        else:
+            mean, chol = quadratic_gaussian(zeta, fit.log_q)
     except ValueError as exc:
         d = compute(fit.log_p, fit.log_q, method=method, z=zeta)
         d.warnings.append(f"k-hat on Stan's own {len(zeta)} draws: its Gaussian could not be "
