@@ -18,7 +18,11 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from stanvi.batch.discover import ModelCase
+    from stanvi.batch.runner import BatchConfig
 
 __all__ = ["plan_status", "format_plan_status"]
 
@@ -28,7 +32,8 @@ def _config(spec) -> str:
     return f"{spec.method}:{spec.profile or 'default'}:{spec.family}"
 
 
-def plan_status(cases: Sequence, runs_dir: str | Path, config) -> dict[str, Any]:
+def plan_status(cases: Sequence["ModelCase"], runs_dir: str | Path,
+                config: "BatchConfig") -> dict[str, Any]:
     """Per configuration and per model, the fit tasks of the batch (``cases``, ``config``: a
     :class:`~stanvi.batch.runner.BatchConfig`) and how many have a record in ``runs_dir``; with
     ``config.reference``, the runnable models without a reference record.  A runs directory
