@@ -27,19 +27,17 @@ if TYPE_CHECKING:
 __all__ = ["plan_status", "format_plan_status"]
 
 
-def _config(spec) -> str:
-    """A task's configuration as the batch names it: ``method:profile:family``."""
-    return f"{spec.method}:{spec.profile or 'default'}:{spec.family}"
-
-
 def plan_status(cases: Sequence["ModelCase"], runs_dir: str | Path,
                 config: "BatchConfig") -> dict[str, Any]:
     """Per configuration and per model, the fit tasks of the batch (``cases``, ``config``: a
     :class:`~stanvi.batch.runner.BatchConfig`) and how many have a record in ``runs_dir``; with
     ``config.reference``, the runnable models without a reference record.  A runs directory
     that does not exist is read as empty (and is not created)."""
+    from dataclasses import asdict  # noqa: PLC0415
+
     from stanvi.batch.runner import plan  # noqa: PLC0415
     from stanvi.batch.store import RunStore  # noqa: PLC0415
+    from stanvi.batch.summary import config_of  # noqa: PLC0415
 
     work = plan(cases, config)
     runs = Path(runs_dir).expanduser()
@@ -48,17 +46,17 @@ def plan_status(cases: Sequence["ModelCase"], runs_dir: str | Path,
     per_model: dict[str, list[int]] = {c.name: [0, 0] for c in cases}
     for case, spec in work:
         have = store is not None and store.has("fit", spec.key)
-        planned[_config(spec)] += 1
-        done[_config(spec)] += have
+        config_name = config_of(asdict(spec))   # as the report names it
+        planned[config_name] += 1
+        done[config_name] += have
         per_model[case.name][0] += 1
         per_model[case.name][1] += have
-    complete = [m for m, (n, d) in per_model.items() if n and d == n]
-    untouched = [m for m, (n, d) in per_model.items() if n and d == 0]
-    partial = [m for m, (n, d) in per_model.items() if 0 < d < n]
     out = {"models": len(cases), "runnable": sum(c.skip is None for c in cases),
            "planned": sum(planned.values()), "done": sum(done.values()),
            "by_config": {k: {"planned": planned[k], "done": done[k]} for k in sorted(planned)},
-           "complete": len(complete), "partial": partial, "untouched": untouched}
+           "complete": sum(1 for n, d in per_model.values() if n and d == n),
+           "partial": [m for m, (n, d) in per_model.items() if 0 < d < n],
+           "untouched": [m for m, (n, d) in per_model.items() if n and d == 0]}
     if config.reference:
         def over_max_dim(name: str) -> bool:   # its reference is skipped, with no record
             dim = ((store.get("compile", name) or {}).get("dim") if store is not None

@@ -200,17 +200,12 @@ def _figures(method: str, result, target, ref_draws, seed: int) -> dict[str, Any
                 from stanvi.estimators.elbo import standard_normal  # noqa: PLC0415
                 from stanvi.estimators.keys import make_key  # noqa: PLC0415
                 from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
-                from stanvi.reference.diagnostics import unconstrained_draws  # noqa: PLC0415
 
                 eps = np.asarray(standard_normal(make_key(seed + 1, host=True), ELBO_DRAWS,
                                                  target.dim))
-                run = result.recovery_run or result
-                try:   # the draws mapped, and q recovered, once for the verdict and the ELBO
-                    unconstrained, why = unconstrained_draws(run, target)
-                    if unconstrained is None:
-                        raise ValueError(why)
-                    row["elbo"] = float(stan_advi_elbo(run, target, [eps],
-                                                       unconstrained)[0][0])
+                try:
+                    row["elbo"] = float(stan_advi_elbo(result.recovery_run or result, target,
+                                                       [eps])[0][0])
                 except ValueError:   # q not recoverable from the draws (too few: the verdict
                     pass             # says so) or not a Gaussian: no ELBO, NaN
         elif method == "nuts":

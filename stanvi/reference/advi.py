@@ -9,7 +9,6 @@ profile ``stan``, in :mod:`stanvi.methods.advi`); the two are compared in the te
 from __future__ import annotations
 
 import hashlib
-
 import os
 import time
 
@@ -178,12 +177,12 @@ def stan_advi_elbo(fit: ReferenceFit, target, eps_sets: list[np.ndarray],
     base draws in ``eps_sets``, computed as stanvi computes its own fits' ELBO.  ``target``: a
     :class:`~stanvi.targets.stan_target.StanTarget` of the same model and data;
     ``unconstrained``: the draws already mapped to unconstrained space, by unconstrained name
-    (computed here when not given; ``stanvi.reference.diagnostics.unconstrained_draws`` maps
-    them once per fit)."""
-    from stanvi.targets.labelled import labelled_draws, reference_unconstrained  # noqa: PLC0415
+    (when not given, :func:`stanvi.targets.labelled.mapped_unconstrained`: mapped once per fit,
+    for the verdict too)."""
+    from stanvi.targets.labelled import mapped_unconstrained  # noqa: PLC0415
 
     if unconstrained is None:
-        unconstrained, why = reference_unconstrained(target, labelled_draws(fit.draws))
+        unconstrained, why = mapped_unconstrained(fit, target)
         if unconstrained is None:
             raise ValueError(f"cannot map Stan's ADVI draws to unconstrained space: {why}")
     zeta = np.column_stack([unconstrained[n] for n in target.unconstrained_names])

@@ -156,25 +156,13 @@ def stan_diagnostics(fit, target, unconstrained: dict[str, np.ndarray],
                                diagnostic_draw_cap(zeta.shape[1], first), method=method)
 
 
-def unconstrained_draws(run, target) -> tuple[dict[str, np.ndarray] | None, str]:
-    """``run``'s draws mapped to ``target``'s unconstrained space
-    (:func:`stanvi.targets.labelled.reference_unconstrained`: (None, why) where they cannot
-    be), computed once per run and kept on it: one Stan call per draw, and the ELBO and the
-    verdict both need them."""
-    from stanvi.targets.labelled import labelled_draws, reference_unconstrained  # noqa: PLC0415
-
-    kept = run.__dict__.get("_unconstrained_draws")
-    if kept is None or kept[0] is not target:
-        kept = (target, reference_unconstrained(target, labelled_draws(run.draws)))
-        run.__dict__["_unconstrained_draws"] = kept
-    return kept[1]
-
-
 def fresh_draws_verdict(run, target, seed: int | None = None) -> Diagnostics:
     """:func:`stan_diagnostics` of ``run`` (Stan's ADVI or single-path Pathfinder) on
     ``target``, its draws mapped to the unconstrained space here; where they cannot be, k̂ on
     Stan's own draws, with a warning that says why."""
-    unconstrained, why = unconstrained_draws(run, target)
+    from stanvi.targets.labelled import mapped_unconstrained  # noqa: PLC0415
+
+    unconstrained, why = mapped_unconstrained(run, target)
     if unconstrained is None:
         d = compute(run.log_p, run.log_q, method=run.algorithm)
         d.warnings.append(f"k-hat on Stan's own {run.num_draws} draws: they cannot be mapped "

@@ -10,7 +10,7 @@ import numpy as np
 
 from stanvi.stan.names import element_labels
 
-__all__ = ["labelled_draws", "reference_unconstrained"]
+__all__ = ["labelled_draws", "reference_unconstrained", "mapped_unconstrained"]
 
 
 def labelled_draws(variables: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -51,3 +51,15 @@ def reference_unconstrained(target, reference: Mapping[str, np.ndarray]
             return None, f"reference draw {i + 1} cannot be unconstrained: {exc}"
     names = list(target.unconstrained_names)
     return {name: rows[:, j] for j, name in enumerate(names)}, ""
+
+
+def mapped_unconstrained(run, target) -> tuple[dict[str, np.ndarray] | None, str]:
+    """The draws of ``run`` (a fit with ``draws`` by Stan name: Stan's ADVI or Pathfinder)
+    mapped to ``target``'s unconstrained space by :func:`reference_unconstrained`, computed
+    once per run and target and kept on the run: the map is one Stan call per draw, and the
+    ELBO and the verdict of Stan's fits both need it (docs/diagnostics.md#stan)."""
+    kept = run.__dict__.get("_mapped_unconstrained")
+    if kept is None or kept[0] is not target:
+        kept = (target, reference_unconstrained(target, labelled_draws(run.draws)))
+        run.__dict__["_mapped_unconstrained"] = kept
+    return kept[1]
