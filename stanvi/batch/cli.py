@@ -2,8 +2,8 @@
 
     stanvi batch SOURCE --methods trustvi,trustvi:paper,advi:stan,hfsgvi --seeds 5 \\
         [--family meanfield,fullrank] [--scheduler tcp://host:8786 | --workers N] \\
-        [--timeout S] [--glob P,Q] [--exclude P,Q] [--names A,B] [--max-dim D] \\
-        [--sample N --sample-seed S] [--plan] --out RUNS_DIR
+        [--timeout S] [--skip-after-timeout] [--glob P,Q] [--exclude P,Q] [--names A,B] \\
+        [--max-dim D] [--sample N --sample-seed S] [--plan] --out RUNS_DIR
 
 SOURCE is a stan-dev/example-models or stan-dev/posteriordb checkout (told apart by posteriordb's
 ``posteriors/`` directory).  The same command again resumes: finished tasks are skipped.
@@ -102,7 +102,8 @@ def _cmd_batch(args: argparse.Namespace) -> int:
                          max_dim=args.max_dim, fullrank_max_dim=args.fullrank_max_dim,
                          timeout=args.timeout, compile_timeout=args.compile_timeout,
                          draws=args.draws, reference=args.reference,
-                         reference_timeout=args.reference_timeout)
+                         reference_timeout=args.reference_timeout,
+                         skip_after_timeout=args.skip_after_timeout)
     check_config(config)   # a bad method, profile or family fails before any work
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     cases = cases_from_source(args.source, glob=args.glob, exclude=args.exclude, names=names,
@@ -150,6 +151,10 @@ def add_batch_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="local cluster workers (default: the number of CPUs)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per fit (default 600)")
+    p.add_argument("--skip-after-timeout", action="store_true",
+                   help="run every configuration's seed 0 first, then seed 1, ...; a seed whose "
+                        "configuration timed out on a lower seed gets a 'not_run' record instead "
+                        "of running (docs/batch.md#skip-after-timeout)")
     p.add_argument("--compile-timeout", type=float, default=1800.0,
                    help="seconds per compile task (default 1800)")
     p.add_argument("--glob", default=None,

@@ -35,7 +35,7 @@ def plan_status(cases: Sequence["ModelCase"], runs_dir: str | Path,
     that does not exist is read as empty (and is not created)."""
     from dataclasses import asdict  # noqa: PLC0415
 
-    from stanvi.batch.runner import plan  # noqa: PLC0415
+    from stanvi.batch.runner import plan, task_done  # noqa: PLC0415
     from stanvi.batch.store import RunStore  # noqa: PLC0415
     from stanvi.batch.summary import config_of  # noqa: PLC0415
 
@@ -45,7 +45,7 @@ def plan_status(cases: Sequence["ModelCase"], runs_dir: str | Path,
     planned, done = Counter(), Counter()
     per_model: dict[str, list[int]] = {c.name: [0, 0] for c in cases}
     for case, spec in work:
-        have = store is not None and store.has("fit", spec.key)
+        have = store is not None and task_done(store, spec.key, config)
         config_name = config_of(asdict(spec))   # as the report names it
         planned[config_name] += 1
         done[config_name] += have

@@ -34,10 +34,14 @@ from stanvi.batch.tasks import (FitSpec, compile_record_usable, compile_task, fi
 from stanvi.errors import require_extra
 from stanvi.progress import TaskProgress
 
-__all__ = ["BatchConfig", "check_config", "plan", "run_batch", "OK_STATUSES"]
+__all__ = ["BatchConfig", "check_config", "plan", "run_batch", "task_done", "OK_STATUSES",
+           "NOT_RUN"]
 
 # Fit statuses that are a method's normal outcome; every other status counts as failed.
 OK_STATUSES = ("converged", "max_iters", "budget", "sampled")
+
+#: The status of a seed that ``skip_after_timeout`` did not run (docs/batch.md#skip-after-timeout).
+NOT_RUN = "not_run"
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,10 @@ class BatchConfig:
     #: (:mod:`stanvi.batch.nuts_reference`), the fits' accuracy computed against it
     reference: str | None = None
     reference_timeout: float | None = 3600.0
+    #: run the seeds seed-major (every configuration's seed 0 first), and give a seed whose
+    #: configuration timed out on a lower seed a ``not_run`` record instead of running it
+    #: (docs/batch.md#skip-after-timeout)
+    skip_after_timeout: bool = False
 
 
 def check_config(config: BatchConfig) -> None:
@@ -103,6 +111,27 @@ def plan(cases: Iterable[ModelCase], config: BatchConfig) -> list[tuple[ModelCas
     return out
 
 
+def task_done(store: RunStore, key: str, config: BatchConfig) -> bool:
+    """Whether the fit task ``key`` has its record: any record, except that a ``not_run`` one
+    (left by ``skip_after_timeout``) counts only while the batch skips after timeouts; without
+    it the seed runs, and its record replaces the ``not_run`` one."""
+    found = store.get("fit", key)
+    return found is not None and (found.get("status") != NOT_RUN or config.skip_after_timeout)
+
+
+def seed_major(todo: list[tuple[ModelCase, FitSpec]]) -> list[tuple[ModelCase, FitSpec]]:
+    """``todo`` with every seed 0 first, then every seed 1, ...; in plan order within a seed
+    (Dask starts the tasks it can run in the order they were submitted)."""
+    return sorted(todo, key=lambda item: item[1].seed)   # sorted() is stable
+
+
+def earlier_seed_keys(spec: FitSpec) -> tuple[str, ...]:
+    """The task keys of ``spec``'s configuration on its lower seeds."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    return tuple(replace(spec, seed=s).key for s in range(spec.seed))
+
+
 def _families_for(method: str, families: tuple[str, ...]) -> tuple[str, ...]:
     """The batch's families that ``method`` fits: all of them, or for a method that names the
     families it supports (``FAMILIES_SUPPORTED``: gsm fits the full-rank family only, bam also
@@ -122,9 +151,11 @@ def _dim_limit(config: BatchConfig, family: str) -> int | None:
 
 def fit_or_skip(spec: FitSpec, case: ModelCase, compiled: dict, runs_dir: str,
                 timeout: float | None, draws: int, max_dim: int | None,
-                reference: dict | None = None) -> dict:
+                reference: dict | None = None, skip_after_timeout: bool = False) -> dict:
     """:func:`~stanvi.batch.tasks.fit_task`, or a ``skipped`` record when the compiled model's
-    dimension is over ``max_dim`` (known only once it is compiled)."""
+    dimension is over ``max_dim`` (known only once it is compiled), or with
+    ``skip_after_timeout`` a ``not_run`` record when a lower seed of the configuration has a
+    ``timeout`` record (looked up when the task starts: docs/batch.md#skip-after-timeout)."""
     dim = compiled.get("dim")
     if max_dim is not None and dim is not None and dim > max_dim:
         store = RunStore(runs_dir)
@@ -132,6 +163,17 @@ def fit_or_skip(spec: FitSpec, case: ModelCase, compiled: dict, runs_dir: str,
         return found if found is not None else write_record(
             store, "fit", spec.key, fit_identity(spec, case),
             {"status": "skipped", "message": f"dimension {dim} is over the batch's limit {max_dim}"})
+    if skip_after_timeout and compiled.get("status") == "ok":
+        store = RunStore(runs_dir)
+        for key in earlier_seed_keys(spec):
+            earlier = store.get("fit", key)
+            if earlier is not None and earlier.get("status") == "timeout":
+                limit = f" {timeout:g} s" if timeout is not None else ""
+                return write_record(store, "fit", spec.key, fit_identity(spec, case), {
+                    "status": NOT_RUN, "after_timeout_of_seed": earlier.get("seed"),
+                    "message": f"seed {earlier.get('seed')} of this configuration ran past "
+                               f"the batch's{limit} limit, so this seed was not run "
+                               f"(--skip-after-timeout)"})
     return fit_task(spec, case, compiled, runs_dir, timeout, draws, reference)
 
 
@@ -199,7 +241,9 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
     runs_dir = str(Path(runs_dir).expanduser().resolve())
     store = RunStore(runs_dir)
     work = plan(cases, config)
-    todo = [(case, spec) for case, spec in work if not store.has("fit", spec.key)]
+    todo = [(case, spec) for case, spec in work if not task_done(store, spec.key, config)]
+    if config.skip_after_timeout:
+        todo = seed_major(todo)
     own_client = client is None
     cluster = None
     if own_client:
@@ -223,7 +267,7 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
         for case, spec in todo:
             fut = client.submit(fit_or_skip, spec, case, compiles[case.name], runs_dir,
                                 config.timeout, config.draws, _dim_limit(config, spec.family),
-                                references.get(case.name), pure=False,
+                                references.get(case.name), config.skip_after_timeout, pure=False,
                                 key=f"fit-{spec.key}-{time.time_ns()}")
             futures[fut] = (case, spec)
         # the progress counts fits and NUTS references (a reference already stored returns

@@ -218,8 +218,8 @@ def fit_task(spec: FitSpec, case: ModelCase, compiled: dict[str, Any], runs_dir:
     message (so that every planned fit has a record)."""
     store = RunStore(runs_dir)
     found = store.get("fit", spec.key)
-    if found is not None:
-        return found
+    if found is not None and found.get("status") != "not_run":   # a seed skipped after a
+        return found                                              # timeout runs when asked
     identity = fit_identity(spec, case)
     if compiled.get("status") != "ok":
         return write_record(store, "fit", spec.key, identity, {
