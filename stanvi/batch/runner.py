@@ -29,8 +29,8 @@ from typing import Any
 
 from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
-from stanvi.batch.tasks import (FitSpec, compile_record_usable, compile_task, fit_identity,
-                                fit_task, reference_task, write_record)
+from stanvi.batch.tasks import (NOT_RUN, FitSpec, compile_record_usable, compile_task,
+                                fit_identity, fit_task, reference_task, write_record)
 from stanvi.errors import require_extra
 from stanvi.progress import TaskProgress
 
@@ -39,9 +39,6 @@ __all__ = ["BatchConfig", "check_config", "plan", "run_batch", "task_done", "OK_
 
 # Fit statuses that are a method's normal outcome; every other status counts as failed.
 OK_STATUSES = ("converged", "max_iters", "budget", "sampled")
-
-#: The status of a seed that ``skip_after_timeout`` did not run (docs/batch.md#skip-after-timeout).
-NOT_RUN = "not_run"
 
 
 @dataclass(frozen=True)

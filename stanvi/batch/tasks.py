@@ -38,10 +38,14 @@ from stanvi.batch.child import PARTIAL_PREFIX, RESULT_PREFIX, reference_file
 from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
 
-__all__ = ["FitSpec", "compile_task", "fit_task", "run_job", "job_result", "case_job",
-           "write_record", "fit_identity", "compile_record_usable"]
+__all__ = ["FitSpec", "NOT_RUN", "compile_task", "fit_task", "run_job", "job_result",
+           "case_job", "write_record", "fit_identity", "compile_record_usable"]
 
 STDERR_TAIL = 3000
+
+#: The status of a seed that the batch's ``skip_after_timeout`` did not run
+#: (docs/batch.md#skip-after-timeout).
+NOT_RUN = "not_run"
 
 
 @dataclass(frozen=True)
@@ -218,8 +222,8 @@ def fit_task(spec: FitSpec, case: ModelCase, compiled: dict[str, Any], runs_dir:
     message (so that every planned fit has a record)."""
     store = RunStore(runs_dir)
     found = store.get("fit", spec.key)
-    if found is not None and found.get("status") != "not_run":   # a seed skipped after a
-        return found                                              # timeout runs when asked
+    if found is not None and found.get("status") != NOT_RUN:   # a seed skipped after a
+        return found                                            # timeout runs when asked
     identity = fit_identity(spec, case)
     if compiled.get("status") != "ok":
         return write_record(store, "fit", spec.key, identity, {
