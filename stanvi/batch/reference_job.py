@@ -60,12 +60,12 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
     (``verdict``), each one's seconds in ``stage_seconds`` (``start``: when the job began)."""
     from stanvi.batch.fit_figures import (ELBO_DRAWS, RecordStages,  # noqa: PLC0415
                                           common_draws, fit_accuracy)
-    from stanvi.evaluation.accuracy import labelled_draws, reference_unconstrained  # noqa: PLC0415
     from stanvi.reference import nuts, pathfinder, stan_advi  # noqa: PLC0415
     from stanvi.reference.advi import stan_advi_elbo  # noqa: PLC0415
     from stanvi.reference.diagnostics import recovery_options, stan_diagnostics  # noqa: PLC0415
     from stanvi.stan.compiler import compile_model  # noqa: PLC0415
     from stanvi.stan.services_build import services_library  # noqa: PLC0415
+    from stanvi.targets.labelled import labelled_draws, mapped_unconstrained  # noqa: PLC0415
     from stanvi.targets.stan_target import StanTarget  # noqa: PLC0415
 
     method, profile, seed = job["method"], job.get("profile"), int(job["seed"])
@@ -100,7 +100,7 @@ def reference_fit_job(job: dict, data, partial=None, start: float | None = None
         "setup_time": setup, "khat": None, "khat_se": None, "verdict": None, "ess": None,
         "info": {"algorithm": fit.algorithm, **({"recovery_draws": extra} if extra else {})}}
     draws_by_label = labelled_draws(fit.stan_variables())
-    unconstrained, why = reference_unconstrained(target, draws_by_label)
+    unconstrained, why = mapped_unconstrained(fit, target)   # kept on the fit: mapped once
     kept = fit.num_draws - extra   # the default run's draws
 
     def first(draws: dict | None) -> dict | None:

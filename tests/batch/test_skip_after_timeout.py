@@ -25,8 +25,8 @@ SKIP = BatchConfig(methods=(("trustvi", "default"),), seeds=3, skip_after_timeou
 
 @pytest.fixture
 def ran(monkeypatch):
-    """The specs whose fit really ran (fit_task's child process replaced by a record)."""
-    calls: list[FitSpec] = []
+    """The seeds whose fit really ran (fit_task's child process replaced by a record)."""
+    calls: list[int] = []
 
     def fake_run_job(job, timeout):
         calls.append(job["seed"])
