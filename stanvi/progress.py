@@ -6,7 +6,9 @@ fits, compiles and batches are never silent.
 * :class:`StageProgress` for work in named stages (compiling a model: stanc, C++, linking): the
   current stage and the elapsed time.
 * :class:`TaskProgress` for batches of tasks: done/total, ETA, failed and running tasks.
-* :class:`IterationProgress` for iterative methods: iterations, ELBO, oracle calls.
+* :class:`IterationProgress` for iterative methods: iterations, ELBO, oracle calls; what it is
+  given also goes to the observers of :func:`observe_iterations`, shown or not (the batch's
+  child process reports a fit's last iteration that way, docs/batch.md#progress-at-stop).
 
 Messages (a compile's start and end, the verdict after a fit ...) are not progress: they go
 through the ``logging`` hierarchy under ``"stanvi"`` (:mod:`stanvi.log`), so that
@@ -21,6 +23,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 from stanvi.log import get_logger
@@ -200,6 +204,24 @@ class StageProgress:
         self.logger.log(self._level, f"{self.title}: {outcome} {self.elapsed:.1f} s")
 
 
+IterationObserver = Callable[[str, int, dict], None]
+_ITERATION_OBSERVERS: list[IterationObserver] = []
+
+
+@contextmanager
+def observe_iterations(observer: IterationObserver) -> Iterator[None]:
+    """Within the block, every iteration an iterative method reports (:class:`IterationProgress`
+    ``update``, whether its display is on or off) is also given to ``observer(method, iteration,
+    fields)``: the method's name, the iteration's number and its fields (ELBO, oracle calls, a
+    phase ...).  The batch's child process uses it to say how far a fit had got when its
+    timeout stopped it (docs/batch.md#progress-at-stop)."""
+    _ITERATION_OBSERVERS.append(observer)
+    try:
+        yield
+    finally:
+        _ITERATION_OBSERVERS.remove(observer)
+
+
 class IterationProgress:
     """Progress of an iterative method: ``trustvi: 12 it [00:03, 4.1 it/s, elbo=-32.3,
     oracle=412]``, drawn by ``tqdm.auto`` wherever the fit runs: redrawn on a terminal (at most 10
@@ -221,7 +243,10 @@ class IterationProgress:
 
     def update(self, iteration: int, **fields: float) -> None:
         """Record iteration ``iteration`` with the fields to show (ELBO, oracle calls, a phase
-        such as TrustVI's ``refine`` ...)."""
+        such as TrustVI's ``refine`` ...), and give them to the observers of
+        :func:`observe_iterations`."""
+        for observer in _ITERATION_OBSERVERS:
+            observer(self.method, int(iteration), fields)
         if not self._enabled:
             return
         if self._bar is None:

@@ -1,7 +1,9 @@
 """The process that runs one batch task (issue P2-2, "Running it"): ``python -m
 stanvi.batch.child`` reads a job (JSON) on stdin and prints its result as one line
 ``STANVI_BATCH_RESULT <json>`` on stdout, after a ``STANVI_BATCH_PARTIAL <json>`` line for
-each stage of a fit's record done (:func:`emit_partial`).
+each stage of a fit's record done (:func:`emit_partial`), and while one of stanvi's methods
+fits, a ``STANVI_BATCH_PROGRESS <json>`` line when the fit starts and then at most every two
+seconds with its last iteration (:class:`FitProgressReporter`).
 
 A task runs in its own process so that the Dask worker that launched it
 (:func:`stanvi.batch.tasks.run_job`) can stop it at its timeout (the process group is killed) and
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -40,6 +43,8 @@ import numpy as np
 
 RESULT_PREFIX = "STANVI_BATCH_RESULT "
 PARTIAL_PREFIX = "STANVI_BATCH_PARTIAL "
+PROGRESS_PREFIX = "STANVI_BATCH_PROGRESS "
+PROGRESS_EVERY = 2.0
 TRACE_ROWS = 400
 TRACE_POINTS = 40
 
@@ -144,6 +149,58 @@ def emit_partial(record: dict[str, Any], evaluated: list[str]) -> None:
     sys.stdout.flush()
 
 
+class FitProgressReporter:
+    """Prints how far a fit has got, ``STANVI_BATCH_PROGRESS <json>``: once when the fit starts
+    (``{"seconds": …}``, the seconds since the task's start: reading the data before it), then,
+    as an observer of :func:`stanvi.progress.observe_iterations`, the fit's latest iteration
+    (``iteration``, ``seconds`` and the method's fields: ``elbo``, ``oracle``, ``phase`` …) at
+    most every ``every`` seconds, from a thread, so that the last iteration before a stall is
+    printed too.  The worker keeps the last line where the task's timeout or a crash stops the
+    process before the fit ends (:func:`stanvi.batch.tasks.job_result`), so the record says
+    where the fit was (docs/batch.md#progress-at-stop).  Use it as a context manager."""
+
+    def __init__(self, start: float, every: float = PROGRESS_EVERY, stream=None) -> None:
+        self.start, self.every = start, float(every)
+        self.stream = stream if stream is not None else sys.stdout
+        self._lock = threading.Lock()
+        self._pending: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _write(self, fields: dict[str, Any]) -> None:
+        from stanvi.batch.store import record_json  # noqa: PLC0415
+
+        self.stream.write(PROGRESS_PREFIX + record_json(fields) + "\n")
+        self.stream.flush()
+
+    def __enter__(self) -> FitProgressReporter:
+        self._write({"seconds": time.perf_counter() - self.start})
+        self._thread.start()
+        return self
+
+    def __call__(self, method: str, iteration: int, fields: dict) -> None:
+        shown = {k: v for k, v in fields.items() if isinstance(v, (int, float, str))}
+        with self._lock:
+            self._pending = {**shown, "method": method, "iteration": int(iteration),
+                             "seconds": time.perf_counter() - self.start}
+
+    def flush(self) -> None:
+        """Print the latest iteration if it has not been printed."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self._write(pending)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.flush()
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+
+
 def fit_job(job: dict, partial=None) -> dict[str, Any]:
     """A fit task's record, built in stages, cheapest first, each reported through ``partial``
     (:func:`emit_partial`) once done: the fit with its accuracy against the reference draws
@@ -160,6 +217,7 @@ def fit_job(job: dict, partial=None) -> dict[str, Any]:
     from stanvi.batch.reference_job import REFERENCE_METHODS, reference_fit_job  # noqa: PLC0415
     from stanvi.errors import DivergedError  # noqa: PLC0415
     from stanvi.fit import fit  # noqa: PLC0415
+    from stanvi.progress import observe_iterations  # noqa: PLC0415
 
     start = time.perf_counter()
     data = load_data(_case(job))
@@ -170,9 +228,10 @@ def fit_job(job: dict, partial=None) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 — Stan's own message names what is wrong
             return {"status": "error", "message": _first_lines(exc)}
     try:
-        result = fit(job["library"], data=data, method=job["method"], family=job["family"],
-                     seed=int(job["seed"]), profile=job.get("profile"), progress=False,
-                     draws=int(job.get("draws", 2000)), **options)
+        with FitProgressReporter(start) as reporter, observe_iterations(reporter):
+            result = fit(job["library"], data=data, method=job["method"], family=job["family"],
+                         seed=int(job["seed"]), profile=job.get("profile"), progress=False,
+                         draws=int(job.get("draws", 2000)), **options)
     except DivergedError as exc:  # the method's steps diverged: a failed fit, not a broken call
         return {"status": "failed", "message": _first_lines(exc)}
     except Exception as exc:  # noqa: BLE001 — stanvi's own errors name what is wrong

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stanvi.batch.child import PARTIAL_PREFIX, RESULT_PREFIX, reference_file
+from stanvi.batch.child import PARTIAL_PREFIX, PROGRESS_PREFIX, RESULT_PREFIX, reference_file
 from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
 
@@ -112,6 +112,40 @@ def _last_line(out: str, prefix: str) -> dict[str, Any] | None:
     return json.loads(lines[-1][len(prefix):]) if lines else None
 
 
+def _last_progress(out: str) -> dict[str, Any] | None:
+    """The last well-formed ``STANVI_BATCH_PROGRESS`` line (a line that another writer to the
+    process's stdout cut into is passed over)."""
+    for line in reversed((out or "").splitlines()):
+        if line.startswith(PROGRESS_PREFIX):
+            try:
+                return json.loads(line[len(PROGRESS_PREFIX):])
+            except ValueError:
+                continue
+    return None
+
+
+def progress_text(progress: dict[str, Any]) -> str:
+    """Where a stopped fit was, for its message: ``"; the last iteration of the fit to end was
+    iteration 41, 290.3 s into the task (ELBO -1234.5, 5120 scaled oracle calls), in its refine
+    phase"``, or ``"; the fit had started 1.2 s into the task and no iteration of it had
+    ended"`` (docs/batch.md#progress-at-stop)."""
+    if "iteration" not in progress:
+        return (f"; the fit had started {progress.get('seconds', float('nan')):.1f} s into the "
+                "task and no iteration of it had ended")
+    figures = []
+    if isinstance(progress.get("elbo"), (int, float)):
+        figures.append(f"ELBO {progress['elbo']:.6g}")
+    if isinstance(progress.get("oracle"), (int, float)):
+        figures.append(f"{progress['oracle']:.0f} scaled oracle calls")
+    text = (f"; the last iteration of the fit to end was iteration {progress['iteration']}, "
+            f"{progress['seconds']:.1f} s into the task")
+    if figures:
+        text += f" ({', '.join(figures)})"
+    if progress.get("phase"):
+        text += f", in its {progress['phase']} phase"
+    return text
+
+
 def job_result(kind: str, out: str, err: str, returncode: int,
                stopped: str | None = None) -> dict[str, Any]:
     """The record of a child process's output: its ``STANVI_BATCH_RESULT`` line; where the
@@ -119,7 +153,10 @@ def job_result(kind: str, out: str, err: str, returncode: int,
     ``timeout`` / ``crashed`` record with the reason — unless it had finished its fit and
     printed a ``STANVI_BATCH_PARTIAL`` record (:func:`stanvi.batch.child.emit_partial`): then
     that record, the fit's own status kept, with ``incomplete`` saying what stopped the
-    evaluation after which of its stages (docs/batch.md#partial-records)."""
+    evaluation after which of its stages (docs/batch.md#partial-records).  A fit stopped before
+    it ended keeps in ``progress_at_stop`` the last ``STANVI_BATCH_PROGRESS`` line of the child
+    (:class:`stanvi.batch.child.FitProgressReporter`), and its message says where the fit was
+    (:func:`progress_text`, docs/batch.md#progress-at-stop)."""
     result = None if stopped else _last_line(out, RESULT_PREFIX)
     if result is not None and returncode == 0:
         return result
@@ -132,7 +169,11 @@ def job_result(kind: str, out: str, err: str, returncode: int,
                                   f"{(err or '')[-STDERR_TAIL:].strip() or 'no output'}")
     partial = _last_line(out, PARTIAL_PREFIX)
     if partial is None:
-        return {"status": status, "message": why}
+        progress = _last_progress(out)
+        if progress is None:
+            return {"status": status, "message": why}
+        return {"status": status, "message": why + progress_text(progress),
+                "progress_at_stop": progress}
     done = partial.get("evaluated") or []
     partial["incomplete"] = (f"{why} after the stage(s) {', '.join(done)} of its record; the "
                              f"figures of the later ones are missing")
