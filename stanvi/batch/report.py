@@ -156,7 +156,7 @@ def _accuracy_plot(plt, out: Path, rows, colours: dict[str, tuple]) -> str:
         pts[:, 1] = np.clip(pts[:, 1], 1e-3, cap)
         ax.scatter(pts[:, 0], pts[:, 1], s=8, alpha=0.35, color=colours[cfg])
         ax.scatter(np.median(pts[:, 0]), np.median(pts[:, 1]), s=90, edgecolor="black",
-                   color=colours[cfg], label=f"{label(cfg)} ({len(pts)} models)")
+                   color=colours[cfg], label=f"{label(cfg)} ({len(pts)} models with a reference)")
     ax.axhline(W1_OK, color="grey", ls=":", lw=1)
     ax.set_xscale("log")
     ax.set_yscale("log")
