@@ -321,6 +321,7 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
         "median over seeds; accuracy against the reference draws, in posterior sds (median "
         "over marginals, constrained space). Click a header to sort.</p>",
         rp.table(rp.method_rows(rows, recommendations), rp.METHOD_COLUMNS),
+        *rp.trusted_methods_table(rows, recommendations, references),
         *(f"<img src='{img}' alt='{img}'>" for img in images if img in FRONT_PLOTS),
     ]
     failures = rp.failure_rows(fits, OK_STATUSES)

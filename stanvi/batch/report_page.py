@@ -129,6 +129,25 @@ METHOD_COLUMNS = [("Method", "method", None), ("Models", "models", None),
                   ("Recommended on (models)", "recommended", None)]
 
 
+def trusted_methods_table(rows: list[dict], recommendations: dict[str, dict],
+                          references: dict[str, dict]) -> list[str]:
+    """The methods' table again over the models whose NUTS reference passed its checks
+    (R-hat, ESS, divergences: docs/batch.md#nuts-references), where some reference did not:
+    the accuracy a Stan user can rely on (docs/batch.md#the-report).  Empty without such a
+    split."""
+    trusted = {m for m, ref in references.items() if ref.get("trustworthy")}
+    judged = {r["model"] for r in rows if r.get("mean_error_sd") is not None}
+    if not trusted or judged <= trusted:
+        return []
+    kept = [r for r in rows if r["model"] in trusted]
+    return [f"<p class='why' id='trusted'>The same over the {len(trusted & judged)} models "
+            "whose NUTS reference passed its checks (R-hat ≤ 1.01, bulk and tail ESS ≥ 400, no "
+            "divergences); the table above also counts accuracy against references that "
+            "failed them.</p>",
+            table(method_rows(kept, {m: rec for m, rec in recommendations.items()
+                                     if m in trusted}), METHOD_COLUMNS)]
+
+
 #: What a failure message says before its reason, which the table's columns already say: the
 #: exception's class, "Stan's ADVI (meanfield) failed on model 'x': Stan's ADVI (meanfield)
 #: failed with code 70:", "model 'x':", and Stan's "warn:" tags.

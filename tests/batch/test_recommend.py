@@ -128,3 +128,21 @@ def test_the_summary_counts_the_references_that_ran():
     text = summary_text({}, 4, refs)
     assert text.startswith("4 models fitted. NUTS references: 2 of 4 run (1 timed out, 1 failed), "
                            "1 of them pass R-hat")
+
+
+def test_the_trusted_table_counts_only_models_whose_reference_passed_its_checks():
+    from stanvi.batch.report_page import trusted_methods_table
+
+    rows = [{**row("trustvi:default:meanfield", 0.02, 0.05, 0.1), "model": "a"},
+            {**row("trustvi:default:meanfield", 0.9, 1.5, 0.3), "model": "b"},
+            {**row("trustvi:default:meanfield", 0.04, 0.07, 0.2), "model": "c"}]
+    recs = {m: recommend([r]) for m, r in zip("abc", rows)}
+    refs = {"a": {"trustworthy": True}, "b": {"trustworthy": False}, "c": {"trustworthy": True}}
+    intro, table = trusted_methods_table(rows, recs, refs)
+    assert "over the 2 models whose NUTS reference passed" in intro
+    # the medians over a and c alone: mean error 0.03, W1 0.06, not b's 0.9 and 1.5
+    assert ">0.03<" in table and ">0.06<" in table and "0.9" not in table
+    assert ">2 / 2<" not in table and ">6 / 6<" in table       # fits ok / run over a and c
+    # every reference trusted, or none: no second table
+    assert trusted_methods_table(rows, recs, {m: {"trustworthy": True} for m in "abc"}) == []
+    assert trusted_methods_table(rows, recs, {m: {"trustworthy": False} for m in "abc"}) == []
