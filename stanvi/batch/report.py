@@ -166,6 +166,22 @@ def _accuracy_plot(plt, out: Path, rows, colours: dict[str, tuple]) -> str:
                  f"(dotted: W1 {W1_OK} sd, the report's bar; values capped at {cap:g})")
 
 
+def protocol_comparisons(configs: list[str], traced: set[str]) -> list[tuple[str, str]]:
+    """The (tested, baseline) pairs of the paper's protocol in a report: every TrustVI
+    configuration against every other traced configuration (stanvi's methods; Stan's own
+    report only their end) of the same family, or of a method without one: a full-rank fit
+    against a mean-field one would compare the families, not the methods
+    (docs/batch.md#the-report)."""
+    def family(config: str) -> str:
+        return config.rsplit(":", 1)[-1]
+
+    return [(tested, baseline) for tested in configs if tested.startswith("trustvi:")
+            for baseline in configs
+            if not baseline.startswith("trustvi:") and baseline in traced
+            and (family(tested) == family(baseline) or "none" in (family(tested),
+                                                                   family(baseline)))]
+
+
 # ELBO gaps beyond this many nats (a run that never left a start at −1e300) would flatten every
 # other line of a panel: such models are not chosen for the trace panels to fill them
 MAX_PANEL_GAP = 1e4
@@ -267,16 +283,15 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None,
     # the protocol compares runs along their traces: configurations whose records carry the
     # protocol's trace points (stanvi's methods; not Stan's own, which report only their end)
     traced = {config_of(r) for r in fits if r.get("trace_points")}
-    for tested in (c for c in configs if c.startswith("trustvi:")):
-        for baseline in (c for c in configs if not c.startswith("trustvi:") and c in traced):
-            pairs = protocol_pairs(grouped, tested, baseline)
-            if pairs:
-                name = f"{tested} vs {baseline}"
-                pairs_by_name[name] = pairs
-                protocol_rows += pairs
-                s = pair_summary(pairs)
-                summaries.append({"comparison": name, **{k: v for k, v in s.items()
-                                                         if k != "ratios"}})
+    for tested, baseline in protocol_comparisons(configs, traced):
+        pairs = protocol_pairs(grouped, tested, baseline)
+        if pairs:
+            name = f"{tested} vs {baseline}"
+            pairs_by_name[name] = pairs
+            protocol_rows += pairs
+            s = pair_summary(pairs)
+            summaries.append({"comparison": name, **{k: v for k, v in s.items()
+                                                     if k != "ratios"}})
     _write_csv(out / "fits.csv", [_fit_row(r) for r in fits], FIT_COLUMNS)
     model_cols = list(rows[0]) if rows else ["model"]
     _write_csv(out / "models.csv", rows, model_cols)

@@ -267,3 +267,17 @@ def test_incomplete_records_are_grouped_with_the_failures():
     assert rows[1]["no_method_fit"] == 1 and rows[0]["no_method_fit"] == 0
     fits.append(record("m4", "advi", 0, -1.0, [0, 1], [0, 1], [-2, -1]))      # now one did
     assert failure_rows(fits, OK_STATUSES)[1]["no_method_fit"] == 0
+
+
+def test_the_protocol_compares_trustvi_within_a_family_and_with_familyless_methods():
+    from stanvi.batch.report import protocol_comparisons
+
+    configs = ["advi:paper:meanfield", "advi:stan:fullrank", "hfsgvi:paper:none",
+               "pathfinder:single:none", "trustvi:default:fullrank", "trustvi:paper:meanfield"]
+    traced = {"advi:paper:meanfield", "advi:stan:fullrank", "hfsgvi:paper:none",
+              "trustvi:default:fullrank", "trustvi:paper:meanfield"}   # not Stan's Pathfinder
+    assert protocol_comparisons(configs, traced) == [
+        ("trustvi:default:fullrank", "advi:stan:fullrank"),
+        ("trustvi:default:fullrank", "hfsgvi:paper:none"),
+        ("trustvi:paper:meanfield", "advi:paper:meanfield"),
+        ("trustvi:paper:meanfield", "hfsgvi:paper:none")]
