@@ -157,13 +157,17 @@ class FitProgressReporter:
     most every ``every`` seconds, from a thread, so that the last iteration before a stall is
     printed too.  The worker keeps the last line where the task's timeout or a crash stops the
     process before the fit ends (:func:`stanvi.batch.tasks.job_result`), so the record says
-    where the fit was (docs/batch.md#progress-at-stop).  Use it as a context manager."""
+    where the fit was (docs/batch.md#progress-at-stop).  Use it as a context manager: when the
+    block ends without an exception it prints the last iteration with ``fit_ended`` true (a
+    timeout after it stopped the accuracy figures, the first stage of the record, not the
+    fit)."""
 
     def __init__(self, start: float, every: float = PROGRESS_EVERY, stream=None) -> None:
         self.start, self.every = start, float(every)
         self.stream = stream if stream is not None else sys.stdout
         self._lock = threading.Lock()
         self._pending: dict[str, Any] | None = None
+        self._latest: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -181,8 +185,9 @@ class FitProgressReporter:
     def __call__(self, method: str, iteration: int, fields: dict) -> None:
         shown = {k: v for k, v in fields.items() if isinstance(v, (int, float, str))}
         with self._lock:
-            self._pending = {**shown, "method": method, "iteration": int(iteration),
-                             "seconds": time.perf_counter() - self.start}
+            self._pending = self._latest = {**shown, "method": method,
+                                            "iteration": int(iteration),
+                                            "seconds": time.perf_counter() - self.start}
 
     def flush(self) -> None:
         """Print the latest iteration if it has not been printed."""
@@ -195,10 +200,16 @@ class FitProgressReporter:
         while not self._stop.wait(self.every):
             self.flush()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.flush()
+        if exc_type is None:
+            with self._lock:
+                self._pending = None
+                self._write({**self._latest, "fit_ended": True,
+                             "seconds": time.perf_counter() - self.start})
+        else:
+            self.flush()
 
 
 def fit_job(job: dict, partial=None) -> dict[str, Any]:

@@ -127,8 +127,14 @@ def _last_progress(out: str) -> dict[str, Any] | None:
 def progress_text(progress: dict[str, Any]) -> str:
     """Where a stopped fit was, for its message: ``"; the last iteration of the fit to end was
     iteration 41, 290.3 s into the task (ELBO -1234.5, 5120 scaled oracle calls), in its refine
-    phase"``, or ``"; the fit had started 1.2 s into the task and no iteration of it had
-    ended"`` (docs/batch.md#progress-at-stop)."""
+    phase"``, ``"; the fit had started 1.2 s into the task and no iteration of it had
+    ended"``, or where the fit had ended, ``"; its fit had ended 12.0 s into the task, after
+    iteration 41, and the accuracy figures after it had not"`` (docs/batch.md#progress-at-stop)."""
+    if progress.get("fit_ended"):
+        after = (f", after iteration {progress['iteration']}" if "iteration" in progress
+                 else "")
+        return (f"; its fit had ended {progress.get('seconds', float('nan')):.1f} s into the "
+                f"task{after}, and the accuracy figures after it had not")
     if "iteration" not in progress:
         return (f"; the fit had started {progress.get('seconds', float('nan')):.1f} s into the "
                 "task and no iteration of it had ended")

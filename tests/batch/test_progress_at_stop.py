@@ -89,6 +89,27 @@ def test_the_reporter_prints_the_start_then_the_latest_iteration_throttled():
     assert [ln.get("iteration") for ln in lines] == [None, 49]   # the last one, on exit
     assert lines[0]["seconds"] >= 0 and "hessian" not in lines[1]
     assert lines[1]["oracle"] == 490 and lines[1]["method"] == "trustvi"
+    assert lines[1]["fit_ended"] is True                 # the block ended: so did the fit
+
+
+def test_a_fit_that_raised_is_not_marked_ended():
+    stream = io.StringIO()
+    with pytest.raises(RuntimeError):
+        with FitProgressReporter(time.perf_counter(), every=3600.0, stream=stream) as reporter:
+            reporter("advi", 3, {"elbo": -1.0})
+            raise RuntimeError("the model threw")
+    lines = _lines(stream)
+    assert lines[-1]["iteration"] == 3 and "fit_ended" not in lines[-1]
+
+
+def test_a_timeout_after_the_fit_ended_says_the_fit_had_ended():
+    out = (_line(PROGRESS_PREFIX, {"seconds": 0.5})
+           + _line(PROGRESS_PREFIX, {"method": "trustvi", "iteration": 12, "seconds": 3.0,
+                                     "fit_ended": True}))
+    rec = job_result("fit", out, "", -9, STOPPED)
+    assert rec["status"] == "timeout" and rec["progress_at_stop"]["fit_ended"] is True
+    assert rec["message"].endswith("; its fit had ended 3.0 s into the task, after iteration "
+                                   "12, and the accuracy figures after it had not")
 
 
 def test_the_reporters_thread_prints_the_iteration_before_a_stall():
@@ -101,7 +122,9 @@ def test_the_reporters_thread_prints_the_iteration_before_a_stall():
             time.sleep(0.01)
         printed = _lines(stream)                     # before the block ends: the thread's
     assert [ln.get("iteration") for ln in printed] == [None, 2]
-    assert len(_lines(stream)) == 2                  # nothing new to print on exit
+    assert "fit_ended" not in printed[1]
+    assert _lines(stream)[2] == {**printed[1], "fit_ended": True,
+                                 "seconds": _lines(stream)[2]["seconds"]}   # on exit
 
 
 @pytest.mark.slow
