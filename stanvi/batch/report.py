@@ -249,7 +249,8 @@ def trace_figure(plt, grouped, chosen: list[str], colours: dict[str, tuple] | No
 
 PROTOCOL_COLUMNS = [("Comparison", "comparison", None), ("Models", "models", None),
                     ("TrustVI better", "tested_better", None), ("Tie", "tie", None),
-                    ("Baseline better", "baseline_better", None), ("Kept", "kept", None),
+                    ("Baseline better", "baseline_better", None),
+                    ("A median run failed", "not_judged", None), ("Kept", "kept", None),
                     ("TrustVI faster", "faster", None), ("≥ 12× fewer calls", "ge_12x", None),
                     ("≥ 36×", "ge_36x", None),
                     ("Median ratio", "median_ratio",

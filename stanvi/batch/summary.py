@@ -164,12 +164,13 @@ def protocol_pairs(grouped: dict[str, dict[str, list[dict]]], tested: str, basel
 
 
 def pair_summary(pairs: list[dict]) -> dict[str, Any]:
-    """Counts as the paper reports them (its §5): better / tie / worse on final ELBO, and over the
-    pairs kept, faster, ≥ 12× and ≥ 36× fewer oracle calls, and the median ratio."""
+    """Counts as the paper reports them (its §5): better / tie / worse on final ELBO (and the
+    models not judged, where a median run failed), and over the pairs kept, faster, ≥ 12× and
+    ≥ 36× fewer oracle calls, and the median ratio."""
     judged = [p for p in pairs if p.get("quality")]
     kept = [p for p in judged if not p["excluded"]]
     ratios = np.array([p["ratio"] for p in kept], dtype=float)
-    return {"models": len(pairs), "judged": len(judged),
+    return {"models": len(pairs), "judged": len(judged), "not_judged": len(pairs) - len(judged),
             "tested_better": sum(p["quality"] == "a_better" for p in judged),
             "tie": sum(p["quality"] == "tie" for p in judged),
             "baseline_better": sum(p["quality"] == "b_better" for p in judged),

@@ -281,3 +281,19 @@ def test_the_protocol_compares_trustvi_within_a_family_and_with_familyless_metho
         ("trustvi:default:fullrank", "hfsgvi:paper:none"),
         ("trustvi:paper:meanfield", "advi:paper:meanfield"),
         ("trustvi:paper:meanfield", "hfsgvi:paper:none")]
+
+
+def test_the_protocol_summary_counts_every_model_once():
+    from stanvi.batch.summary import pair_summary
+
+    pairs = [{"quality": "a_better", "excluded": None, "ratio": 40.0},
+             {"quality": "tie", "excluded": None, "ratio": 12.0},
+             {"quality": "tie", "excluded": "fewer than 5 iterations", "ratio": 100.0},
+             {"quality": "b_better", "excluded": None, "ratio": 0.5},
+             {"quality": None, "excluded": "a median run failed"}]
+    s = pair_summary(pairs)
+    assert (s["models"], s["tested_better"], s["tie"], s["baseline_better"],
+            s["not_judged"]) == (5, 1, 2, 1, 1)
+    assert s["tested_better"] + s["tie"] + s["baseline_better"] + s["not_judged"] == s["models"]
+    assert (s["kept"], s["faster"], s["ge_12x"], s["ge_36x"]) == (3, 2, 2, 1)
+    assert s["median_ratio"] == 12.0 and s["ratios"] == [0.5, 12.0, 40.0]
