@@ -166,8 +166,10 @@ class FitProgressReporter:
         self.start, self.every = start, float(every)
         self.stream = stream if stream is not None else sys.stdout
         self._lock = threading.Lock()
-        self._pending: dict[str, Any] | None = None
-        self._latest: dict[str, Any] = {}
+        # (method, iteration, fields, seconds) of the latest iteration: the line is built when
+        # printed, not on every iteration of the fit
+        self._pending: tuple | None = None
+        self._latest: tuple | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -177,24 +179,30 @@ class FitProgressReporter:
         self.stream.write(PROGRESS_PREFIX + record_json(fields) + "\n")
         self.stream.flush()
 
+    @staticmethod
+    def _line(latest: tuple | None) -> dict[str, Any]:
+        if latest is None:
+            return {}
+        method, iteration, fields, seconds = latest
+        shown = {k: v for k, v in fields.items() if isinstance(v, (int, float, str))}
+        return {**shown, "method": method, "iteration": int(iteration), "seconds": seconds}
+
     def __enter__(self) -> FitProgressReporter:
         self._write({"seconds": time.perf_counter() - self.start})
         self._thread.start()
         return self
 
     def __call__(self, method: str, iteration: int, fields: dict) -> None:
-        shown = {k: v for k, v in fields.items() if isinstance(v, (int, float, str))}
+        latest = (method, iteration, fields, time.perf_counter() - self.start)
         with self._lock:
-            self._pending = self._latest = {**shown, "method": method,
-                                            "iteration": int(iteration),
-                                            "seconds": time.perf_counter() - self.start}
+            self._pending = self._latest = latest
 
     def flush(self) -> None:
         """Print the latest iteration if it has not been printed."""
         with self._lock:
             pending, self._pending = self._pending, None
             if pending is not None:
-                self._write(pending)
+                self._write(self._line(pending))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
@@ -206,7 +214,7 @@ class FitProgressReporter:
         if exc_type is None:
             with self._lock:
                 self._pending = None
-                self._write({**self._latest, "fit_ended": True,
+                self._write({**self._line(self._latest), "fit_ended": True,
                              "seconds": time.perf_counter() - self.start})
         else:
             self.flush()

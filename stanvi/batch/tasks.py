@@ -107,20 +107,17 @@ def run_job(job: dict[str, Any], timeout: float | None) -> dict[str, Any]:
     return result
 
 
-def _last_line(out: str, prefix: str) -> dict[str, Any] | None:
-    lines = [ln for ln in (out or "").splitlines() if ln.startswith(prefix)]
-    return json.loads(lines[-1][len(prefix):]) if lines else None
-
-
-def _last_progress(out: str) -> dict[str, Any] | None:
-    """The last well-formed ``STANVI_BATCH_PROGRESS`` line (a line that another writer to the
+def _last_line(out: str, prefix: str, skip_malformed: bool = False) -> dict[str, Any] | None:
+    """The JSON of the last line of ``out`` that starts with ``prefix``; with
+    ``skip_malformed``, the last well-formed one (a progress line that another writer to the
     process's stdout cut into is passed over)."""
-    for line in reversed((out or "").splitlines()):
-        if line.startswith(PROGRESS_PREFIX):
-            try:
-                return json.loads(line[len(PROGRESS_PREFIX):])
-            except ValueError:
-                continue
+    lines = [ln[len(prefix):] for ln in (out or "").splitlines() if ln.startswith(prefix)]
+    for line in reversed(lines if skip_malformed else lines[-1:]):
+        try:
+            return json.loads(line)
+        except ValueError:
+            if not skip_malformed:
+                raise
     return None
 
 
@@ -133,11 +130,11 @@ def progress_text(progress: dict[str, Any]) -> str:
     if progress.get("fit_ended"):
         after = (f", after iteration {progress['iteration']}" if "iteration" in progress
                  else "")
-        return (f"; its fit had ended {progress.get('seconds', float('nan')):.1f} s into the "
-                f"task{after}, and the accuracy figures after it had not")
+        return (f"; its fit had ended {progress['seconds']:.1f} s into the task{after}, and the "
+                "accuracy figures after it had not")
     if "iteration" not in progress:
-        return (f"; the fit had started {progress.get('seconds', float('nan')):.1f} s into the "
-                "task and no iteration of it had ended")
+        return (f"; the fit had started {progress['seconds']:.1f} s into the task and no "
+                "iteration of it had ended")
     figures = []
     if isinstance(progress.get("elbo"), (int, float)):
         figures.append(f"ELBO {progress['elbo']:.6g}")
@@ -175,7 +172,7 @@ def job_result(kind: str, out: str, err: str, returncode: int,
                                   f"{(err or '')[-STDERR_TAIL:].strip() or 'no output'}")
     partial = _last_line(out, PARTIAL_PREFIX)
     if partial is None:
-        progress = _last_progress(out)
+        progress = _last_line(out, PROGRESS_PREFIX, skip_malformed=True)
         if progress is None:
             return {"status": status, "message": why}
         return {"status": status, "message": why + progress_text(progress),
