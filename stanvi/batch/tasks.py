@@ -112,7 +112,7 @@ def _last_line(out: str, prefix: str, skip_malformed: bool = False) -> dict[str,
     ``skip_malformed``, the last well-formed one (a progress line that another writer to the
     process's stdout cut into is passed over)."""
     lines = [ln[len(prefix):] for ln in (out or "").splitlines() if ln.startswith(prefix)]
-    for line in reversed(lines if skip_malformed else lines[-1:]):
+    for line in reversed(lines):
         try:
             return json.loads(line)
         except ValueError:
