@@ -30,7 +30,8 @@ from typing import Any
 from stanvi.batch.discover import ModelCase
 from stanvi.batch.store import RunStore
 from stanvi.batch.tasks import (NOT_RUN, FitSpec, compile_record_usable, compile_task,
-                                fit_identity, fit_task, reference_task, write_record)
+                                fit_identity, fit_task, reference_record_usable, reference_task,
+                                write_record)
 from stanvi.errors import require_extra
 from stanvi.progress import TaskProgress
 
@@ -187,16 +188,12 @@ def _cases_to_prepare(cases: Sequence[ModelCase], todo: list, config: BatchConfi
                       store: RunStore, runs_dir: str) -> list[ModelCase]:
     """The models that need a compile record or a NUTS reference here: those with fits to run,
     and with ``reference='nuts'`` every runnable model without a usable reference record."""
-    from stanvi.batch.child import reference_file  # noqa: PLC0415
-
     out = {case.name: case for case, _ in todo}
     if config.reference == "nuts":
         for case in cases:
             if case.skip is not None or case.reference is not None or case.name in out:
                 continue
-            found = store.get("reference", case.name)
-            if found is None or (found.get("status") == "ok"
-                                 and not reference_file(runs_dir, case.name).is_file()):
+            if not reference_record_usable(store.get("reference", case.name), runs_dir):
                 out[case.name] = case
     return list(out.values())
 
@@ -256,6 +253,12 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
                 client.submit(compile_task, case, runs_dir, config.compile_timeout, pure=False,
                               key=f"compile-{case.name}-{time.time_ns()}")
             if config.reference == "nuts" and case.reference is None:
+                found = store.get("reference", case.name)
+                if reference_record_usable(found, runs_dir):
+                    # given as it is, not as a task: a fit waiting on a task lets other
+                    # models' later seeds run first, which defeats the seed-major order
+                    references[case.name] = found
+                    continue
                 references[case.name] = fut = client.submit(
                     reference_or_skip, case, compiles[case.name], runs_dir,
                     config.reference_timeout, config.max_dim, pure=False,
@@ -265,11 +268,13 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
             fut = client.submit(fit_or_skip, spec, case, compiles[case.name], runs_dir,
                                 config.timeout, config.draws, _dim_limit(config, spec.family),
                                 references.get(case.name), config.skip_after_timeout, pure=False,
-                                key=f"fit-{spec.key}-{time.time_ns()}")
+                                key=f"fit-{spec.key}-{time.time_ns()}",
+                                # a worker runs its ready tasks by priority: seed 0 first
+                                priority=-spec.seed if config.skip_after_timeout else 0)
             futures[fut] = (case, spec)
-        # the progress counts fits and NUTS references (a reference already stored returns
-        # at once)
-        bar = TaskProgress(len(work) + len(references), enabled=progress,
+        # the progress counts fits and the NUTS references computed here
+        n_reference_tasks = sum(spec is None for _, spec in futures.values())
+        bar = TaskProgress(len(work) + n_reference_tasks, enabled=progress,
                            already_done=len(work) - len(todo))
         last_poll = 0.0
         for fut in as_completed(list(futures)):

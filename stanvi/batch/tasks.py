@@ -218,6 +218,15 @@ def compile_record_usable(record: dict[str, Any] | None, runs_dir: str | os.Path
     return reference_file(runs_dir, record["model"]).is_file()
 
 
+def reference_record_usable(record: dict[str, Any] | None, runs_dir: str | os.PathLike) -> bool:
+    """Whether a stored NUTS reference record serves this machine's fits as it is: any
+    outcome but ``ok`` is the model's outcome and is kept; an ``ok`` one needs its draws in
+    ``<runs>/references/`` (a runs directory carried to another machine has none: the
+    reference is computed again, docs/batch.md#nuts-references)."""
+    return record is not None and (record.get("status") != "ok"
+                                   or reference_file(runs_dir, record["model"]).is_file())
+
+
 def compile_task(case: ModelCase, runs_dir: str, timeout: float | None = 1800.0) -> dict[str, Any]:
     """Compile (or find compiled) one model and load it with its data; the record has
     ``status`` 'ok' (with ``library``, ``dim``, ``reference``), 'skipped' (the case's reason),
@@ -244,7 +253,7 @@ def reference_task(case: ModelCase, compiled: dict[str, Any], runs_dir: str,
     store = RunStore(runs_dir)
     path = reference_file(runs_dir, case.name)
     found = store.get("reference", case.name)
-    if found is not None and (found.get("status") != "ok" or path.is_file()):
+    if reference_record_usable(found, runs_dir):
         return found
     identity = {"model": case.name, "source": case.source, "method": "nuts"}
     if compiled.get("status") != "ok":

@@ -149,3 +149,39 @@ def test_the_option_reaches_the_tasks_and_orders_them(monkeypatch, tmp_path):
     runner.run_batch(models, tmp_path, SKIP, client=Client(), progress=False)
     assert submitted == [(0, "a/one", True), (0, "b/two", True), (1, "a/one", True),
                          (1, "b/two", True), (2, "a/one", True), (2, "b/two", True)]
+
+
+def test_fits_run_seed_major_on_dask_when_the_references_are_stored(tmp_path, monkeypatch):
+    """On a real (in-process) Dask cluster, with every model's NUTS reference already in the
+    store, every seed 0 runs before any seed 1: a stored reference is not a task the fits wait
+    on (a waiting fit would let another model's seeds 1-2 go first and so defeat the skip)."""
+    order: list[tuple[str, int]] = []
+
+    def fake_run_job(job, timeout):
+        order.append((job["model"], job["seed"]))
+        return {"status": "converged", "final_elbo": -1.0}
+
+    monkeypatch.setattr(tasks, "run_job", fake_run_job)
+    from distributed import Client, LocalCluster   # noqa: PLC0415
+
+    from stanvi.batch.child import reference_file   # noqa: PLC0415
+
+    store = RunStore(tmp_path)
+    library = tmp_path / "model.so"
+    library.write_bytes(b"")
+    cases = [ModelCase(f"m/{i}", Path(f"m/{i}.stan"), Path(f"m/{i}.json"), "json")
+             for i in range(8)]
+    for case in cases:
+        identity = {"model": case.name, "source": case.source}
+        write_record(store, "compile", case.name, identity,
+                     {"status": "ok", "dim": 3, "library": str(library)})
+        write_record(store, "reference", case.name, {**identity, "method": "nuts"},
+                     {"status": "ok"})
+        reference_file(tmp_path, case.name).parent.mkdir(exist_ok=True)
+        reference_file(tmp_path, case.name).write_bytes(b"")
+    config = replace(SKIP, reference="nuts")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        runner.run_batch(cases, tmp_path, config, client=client, progress=False)
+    assert len(order) == 24
+    assert [seed for _, seed in order] == sorted(seed for _, seed in order)
