@@ -10,8 +10,9 @@ family, seed) (:mod:`stanvi.batch.tasks`), and runs them on a Dask distributed c
   directory and the model files at the same paths, and should share stanvi's cache directory
   (``$STANVI_CACHE_DIR``) so that a model compiles once per cluster; docs/batch.md.
 
-Each fit task takes its model's compile task as an argument, so Dask runs it after the model is
-compiled, on any worker (workers load the library by path).  Tasks whose record is in the store
+A model's fits are submitted once its compile (and NUTS reference) is done, two per worker
+thread at a time, in the batch's order (:mod:`stanvi.batch.feeder`); they run on any worker
+(workers load the library by path).  Tasks whose record is in the store
 already are not submitted (a re-run resumes).  When a worker dies while running a task (``kill
 -9``, the OOM killer), the scheduler runs the task again on another worker; a task that has
 killed ``distributed.scheduler.allowed-failures`` + 1 workers (Dask's default: 4) is recorded
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stanvi.batch.discover import ModelCase
+from stanvi.batch.feeder import FitFeeder, fit_slots
 from stanvi.batch.store import RunStore
 from stanvi.batch.tasks import (NOT_RUN, FitSpec, compile_record_usable, compile_task,
                                 fit_identity, fit_task, reference_record_usable, reference_task,
@@ -264,29 +266,47 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
                     config.reference_timeout, config.max_dim, pure=False,
                     key=f"reference-{case.name}-{time.time_ns()}")
                 futures[fut] = (case, None)
-        for case, spec in todo:
-            fut = client.submit(fit_or_skip, spec, case, compiles[case.name], runs_dir,
-                                config.timeout, config.draws, _dim_limit(config, spec.family),
-                                references.get(case.name), config.skip_after_timeout, pure=False,
-                                key=f"fit-{spec.key}-{time.time_ns()}",
-                                # a worker runs its ready tasks by priority: seed 0 first
-                                priority=-spec.seed if config.skip_after_timeout else 0)
-            futures[fut] = (case, spec)
+        # the compiles and references computed here: the feeder submits a model's fits once
+        # they are done (docs/batch.md#skip-after-timeout)
+        waits = [fut for fut in compiles.values() if hasattr(fut, "done")]
+
+        def submit_fit(case: ModelCase, spec: FitSpec, compiled: Any, reference: Any) -> Any:
+            return client.submit(fit_or_skip, spec, case, compiled, runs_dir, config.timeout,
+                                 config.draws, _dim_limit(config, spec.family), reference,
+                                 config.skip_after_timeout, pure=False,
+                                 key=f"fit-{spec.key}-{time.time_ns()}",
+                                 priority=-spec.seed if config.skip_after_timeout else 0)
+
+        feeder = FitFeeder(todo, lambda case: (compiles[case.name], references.get(case.name)),
+                           submit_fit, lambda: fit_slots(client))
         # the progress counts fits and the NUTS references computed here
-        n_reference_tasks = sum(spec is None for _, spec in futures.values())
+        n_reference_tasks = len(futures)
         bar = TaskProgress(len(work) + n_reference_tasks, enabled=progress,
                            already_done=len(work) - len(todo))
+        pending = as_completed(waits + list(futures))
+        for fut, case, spec in feeder.refill():
+            futures[fut] = (case, spec)
+            pending.add(fut)
         last_poll = 0.0
-        for fut in as_completed(list(futures)):
-            case, spec = futures.pop(fut)
-            record = _outcome(fut, case, spec, store)
-            ok = record.get("status") in (OK_STATUSES if spec is not None else ("ok", "skipped"))
-            running = None
-            if time.perf_counter() - last_poll > 1.0:  # tasks on workers, at most one per thread
-                last_poll = time.perf_counter()
-                running = min(sum(len(v) for v in client.processing().values()),
-                              sum(client.nthreads().values()))
-            bar.update(done=1, failed=int(not ok), running=running)
+        for fut in pending:
+            role = futures.pop(fut, None)
+            if role is not None:   # a fit or a reference (a compile only wakes the feeder)
+                case, spec = role
+                record = _outcome(fut, case, spec, store)
+                ok = record.get("status") in (OK_STATUSES if spec is not None else ("ok", "skipped"))
+                if spec is not None:
+                    feeder.finished_one()
+                running = None
+                if time.perf_counter() - last_poll > 1.0:  # tasks on workers, one per thread
+                    last_poll = time.perf_counter()
+                    running = min(sum(len(v) for v in client.processing().values()),
+                                  sum(client.nthreads().values()))
+                bar.update(done=1, failed=int(not ok), running=running)
+            for new, case, spec in feeder.refill():
+                futures[new] = (case, spec)
+                pending.add(new)
+        if len(feeder):   # cannot happen: every fit waits on futures that wake this loop
+            raise RuntimeError(f"{len(feeder)} fit(s) were never submitted")
     finally:
         if bar is not None:
             bar.close()

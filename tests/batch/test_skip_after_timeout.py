@@ -144,37 +144,58 @@ def test_the_option_reaches_the_tasks_and_orders_them(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "require_dask", lambda: None)
     import distributed   # noqa: PLC0415
 
-    monkeypatch.setattr(distributed, "as_completed", lambda futures: iter(futures))
+    class Completed:   # distributed.as_completed: the futures given and added, in turn
+        def __init__(self, futures):
+            self.futures = list(futures)
+
+        def add(self, future):
+            self.futures.append(future)
+
+        def __iter__(self):
+            while self.futures:
+                yield self.futures.pop(0)
+
+    monkeypatch.setattr(distributed, "as_completed", Completed)
     models = [CASE, ModelCase("b/two", Path("b/two.stan"), Path("b/two.json"), "json")]
     runner.run_batch(models, tmp_path, SKIP, client=Client(), progress=False)
     assert submitted == [(0, "a/one", True), (0, "b/two", True), (1, "a/one", True),
                          (1, "b/two", True), (2, "a/one", True), (2, "b/two", True)]
 
 
-def test_fits_run_seed_major_on_dask_when_the_references_are_stored(tmp_path, monkeypatch):
-    """On a real (in-process) Dask cluster, with every model's NUTS reference already in the
-    store, every seed 0 runs before any seed 1: a stored reference is not a task the fits wait
-    on (a waiting fit would let another model's seeds 1-2 go first and so defeat the skip)."""
+def _run_on_dask(tmp_path, monkeypatch, stored: int, compiled_here: int) -> list[tuple[str, int]]:
+    """Run a 3-seed batch on a real in-process Dask cluster (one thread): ``stored`` models
+    with their compile and NUTS reference in the store, ``compiled_here`` with only the
+    reference (their compile is a task, 0.2 s); the (model, seed) of each fit, in the order
+    the fits ran."""
+    import time   # noqa: PLC0415
+
+    from distributed import Client, LocalCluster   # noqa: PLC0415
+
+    from stanvi.batch.child import reference_file   # noqa: PLC0415
+
     order: list[tuple[str, int]] = []
 
     def fake_run_job(job, timeout):
         order.append((job["model"], job["seed"]))
         return {"status": "converged", "final_elbo": -1.0}
 
-    monkeypatch.setattr(tasks, "run_job", fake_run_job)
-    from distributed import Client, LocalCluster   # noqa: PLC0415
-
-    from stanvi.batch.child import reference_file   # noqa: PLC0415
-
     store = RunStore(tmp_path)
     library = tmp_path / "model.so"
     library.write_bytes(b"")
+
+    def fake_compile(case, runs_dir, timeout):
+        time.sleep(0.2)
+        return {"status": "ok", "dim": 3, "library": str(library)}
+
+    monkeypatch.setattr(tasks, "run_job", fake_run_job)
+    monkeypatch.setattr(runner, "compile_task", fake_compile)
     cases = [ModelCase(f"m/{i}", Path(f"m/{i}.stan"), Path(f"m/{i}.json"), "json")
-             for i in range(8)]
-    for case in cases:
+             for i in range(stored + compiled_here)]
+    for i, case in enumerate(cases):
         identity = {"model": case.name, "source": case.source}
-        write_record(store, "compile", case.name, identity,
-                     {"status": "ok", "dim": 3, "library": str(library)})
+        if i < stored:
+            write_record(store, "compile", case.name, identity,
+                         {"status": "ok", "dim": 3, "library": str(library)})
         write_record(store, "reference", case.name, {**identity, "method": "nuts"},
                      {"status": "ok"})
         reference_file(tmp_path, case.name).parent.mkdir(exist_ok=True)
@@ -183,5 +204,24 @@ def test_fits_run_seed_major_on_dask_when_the_references_are_stored(tmp_path, mo
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         runner.run_batch(cases, tmp_path, config, client=client, progress=False)
-    assert len(order) == 24
+    assert len(order) == 3 * len(cases)
+    return order
+
+
+def test_fits_run_seed_major_on_dask_when_the_references_are_stored(tmp_path, monkeypatch):
+    """On a real (in-process) Dask cluster, with every model's NUTS reference already in the
+    store, every seed 0 runs before any seed 1: a stored reference is not a task the fits wait
+    on (a waiting fit would let another model's seeds 1-2 go first and so defeat the skip)."""
+    order = _run_on_dask(tmp_path, monkeypatch, stored=8, compiled_here=0)
     assert [seed for _, seed in order] == sorted(seed for _, seed in order)
+
+
+def test_each_model_runs_its_seeds_in_order_when_some_models_compile(tmp_path, monkeypatch):
+    """With some compiles run as tasks, Dask's scheduler-side queue held back the seed-0 fits
+    it had counted as root-ish while later-submitted seeds ran (T3-4, 2026-12-07: seed 1 of
+    34 models before their seed 0). The batch now hands Dask two fits per thread in its own
+    order: every model's seeds run 0, 1, 2, and the stored models' seeds 0 all come first."""
+    order = _run_on_dask(tmp_path, monkeypatch, stored=8, compiled_here=6)
+    for model in {name for name, _ in order}:
+        assert [seed for name, seed in order if name == model] == [0, 1, 2], order
+    assert {seed for _, seed in order[:8]} == {0}, order
