@@ -284,9 +284,13 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
         bar = TaskProgress(len(work) + n_reference_tasks, enabled=progress,
                            already_done=len(work) - len(todo))
         pending = as_completed(waits + list(futures))
-        for fut, case, spec in feeder.refill():
-            futures[fut] = (case, spec)
-            pending.add(fut)
+
+        def feed() -> None:   # fits into the free slots, watched with the rest
+            for new, case, spec in feeder.refill():
+                futures[new] = (case, spec)
+                pending.add(new)
+
+        feed()
         last_poll = 0.0
         for fut in pending:
             role = futures.pop(fut, None)
@@ -302,9 +306,7 @@ def run_batch(cases: Sequence[ModelCase], runs_dir: str | Path, config: BatchCon
                     running = min(sum(len(v) for v in client.processing().values()),
                                   sum(client.nthreads().values()))
                 bar.update(done=1, failed=int(not ok), running=running)
-            for new, case, spec in feeder.refill():
-                futures[new] = (case, spec)
-                pending.add(new)
+            feed()
         if len(feeder):   # cannot happen: every fit waits on futures that wake this loop
             raise RuntimeError(f"{len(feeder)} fit(s) were never submitted")
     finally:
