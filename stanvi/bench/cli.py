@@ -17,7 +17,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("what", choices=["target", "methods", "stopping", "public-stopping",
                                     "coldstart", "fullrank", "lowrank", "jointcv", "peers", "mlmcvi",
                                     "rb", "qsgp", "local-optima", "advi-fidelity", "run-cpu",
-                                    "verdict", "jax-native", "score-peers", "task-time"],
+                                    "verdict", "jax-native", "score-peers", "task-time",
+                                    "protocol"],
                    help="target: cost of gradients/HVPs, batching, JAX bridge, compiles; "
                         "methods: TrustVI vs ADVI vs HFSGVI on stan_models (paper protocol); "
                         "stopping: does 'converged' mean converged (against stored optima); "
@@ -55,6 +56,8 @@ def add_bench_parser(sub) -> None:
                         "Pathfinder over the batch records of --records; "
                         "task-time: where the task time of the batch runs of --records went, per "
                         "configuration (the fit, the ELBO, the verdict, the trace, timeouts); "
+                        "protocol: the TrustVI paper's protocol over the batch records of "
+                        "--records, seed by seed and over the models with every seed; "
                         "jax-native: JAX-native fits (a logistic regression in JAX) end to end on "
                         "JAX's default device, CPU or GPU")
     p.add_argument("--dtype", choices=["float64", "float32"], default="float64",
@@ -130,7 +133,8 @@ def add_bench_parser(sub) -> None:
                         "hierarchical_radon (default all)")
     p.add_argument("--records", default=None,
                    help="verdict: comma-separated batch runs directories (stanvi batch --out) "
-                        "whose fits have reference draws")
+                        "whose fits have reference draws; score-peers, task-time, protocol: "
+                        "the batch runs directories whose fit records they read")
     p.add_argument("--common-draws-since", type=float, default=None, metavar="UNIX_TIME",
                    help="verdict: leave out the records of seeds other than 0 finished before "
                         "this time (unix seconds), judged on their own seed's diagnostic draws "
@@ -328,6 +332,13 @@ def run_bench(args: argparse.Namespace) -> int:
         if not args.records:
             raise SystemExit("stanvi bench task-time: --records DIR[,DIR...] is required")
         print(task_time.check_stores(args.records.split(",")))
+        return 0
+    if args.what == "protocol":
+        from stanvi.bench import protocol_seeds  # noqa: PLC0415
+
+        if not args.records:
+            raise SystemExit("stanvi bench protocol: --records DIR[,DIR...] is required")
+        print(protocol_seeds.check_stores(args.records.split(",")))
         return 0
     if args.what == "jax-native":
         from stanvi.bench import jax_native  # noqa: PLC0415
