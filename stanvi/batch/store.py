@@ -28,11 +28,11 @@ import re
 import sqlite3
 import tempfile
 from contextlib import closing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunStore", "KINDS", "record_json"]
+__all__ = ["RunStore", "KINDS", "record_json", "records_of_stores"]
 
 KINDS = ("compile", "reference", "fit")
 _SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
@@ -233,3 +233,9 @@ class RunStore:
         with closing(self._connect()) as con:
             rows = con.execute(sql + " ORDER BY key", (kind, *where.values())).fetchall()
         return [json.loads(r[0]) for r in rows]
+
+
+def records_of_stores(dirs: Iterable[str | os.PathLike], kind: str = "fit") -> list[dict[str, Any]]:
+    """Every readable record of a kind in several runs directories, store after store
+    (docs/batch.md#the-results-store)."""
+    return [r for d in dirs for r in RunStore(d).records(kind)]

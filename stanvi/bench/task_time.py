@@ -82,7 +82,7 @@ def table_text(rows: list[dict[str, Any]]) -> str:
 
 def check_stores(dirs: Iterable[str | Path]) -> str:
     """:func:`table_text` over the fit records of batch stores."""
-    from stanvi.batch.store import RunStore  # noqa: PLC0415
+    from stanvi.batch.store import records_of_stores  # noqa: PLC0415
 
-    records = [r for d in dirs for r in RunStore(d).records("fit")]
+    records = records_of_stores(dirs)
     return table_text(task_time_table(records))
